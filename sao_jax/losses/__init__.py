@@ -1,0 +1,36 @@
+"""Pure-JAX RL objectives: SAO (DIS + action-only GAE + value loss), SEED OPD, GRPO, PPO, KL.
+
+Every function takes arrays and returns arrays; importing this package loads only jax, chex and
+numpy, so any JAX training stack can use the objectives without adopting our trainer.
+Conventions: per-token arrays are [B, T]; `mask` is 1 on action tokens; losses return
+`(loss, metrics)` as float32 scalars and token means divide by `max(sum(mask), 1)`.
+Formulas and sources: docs/losses.md.
+"""
+
+from sao_jax.losses.gae import action_only_gae, adaptive_lambda
+from sao_jax.losses.grpo import group_advantages
+from sao_jax.losses.kl import KL_KINDS, kl_estimate
+from sao_jax.losses.logprobs import token_logprobs
+from sao_jax.losses.masked import masked_token_mean
+from sao_jax.losses.ppo import ppo_clip_loss
+from sao_jax.losses.registry import POLICY_LOSS_NAMES, PolicyLoss, get_policy_loss
+from sao_jax.losses.sao import sao_policy_loss, sao_value_loss
+from sao_jax.losses.seed import OPD_MODES, seed_opd_loss
+
+__all__ = [
+    "KL_KINDS",
+    "OPD_MODES",
+    "POLICY_LOSS_NAMES",
+    "PolicyLoss",
+    "action_only_gae",
+    "adaptive_lambda",
+    "get_policy_loss",
+    "group_advantages",
+    "kl_estimate",
+    "masked_token_mean",
+    "ppo_clip_loss",
+    "sao_policy_loss",
+    "sao_value_loss",
+    "seed_opd_loss",
+    "token_logprobs",
+]
