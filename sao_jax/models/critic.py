@@ -1,0 +1,65 @@
+"""Critic: the policy's backbone plus a scalar value head.
+
+SAO initialises the critic from the policy and freezes its attention; the parameter paths
+(`layers/{i}/attn/...`, `layers/{i}/moe/...`, `value_head/kernel`) make that a path pattern.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.models.moe import MoeAux
+from sao_jax.models.transformer import Backbone, Transformer
+
+
+class Critic(Backbone):
+    """Backbone + `value_head` (D -> 1, zero-initialised so training starts from V = 0)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        self.value_head = nnx.Linear(
+            config.d_model,
+            1,
+            use_bias=True,
+            dtype=config.compute_dtype,
+            param_dtype=config.params_dtype,
+            kernel_init=nnx.with_metadata(
+                nnx.initializers.zeros_init(), logical_axes=("embed", None)
+            ),
+            bias_init=nnx.with_metadata(nnx.initializers.zeros_init(), logical_axes=(None,)),
+            rngs=rngs,
+        )
+
+    @classmethod
+    def from_policy(cls, policy: Transformer, *, rngs: nnx.Rngs | None = None) -> Critic:
+        """A critic whose backbone is a copy of `policy`'s (embedding, layers, final norm)."""
+        critic = cls(policy.config, rngs=rngs or nnx.Rngs(0))
+        for name in ("embed", "layers", "final_norm"):
+            state = jax.tree.map(jnp.copy, nnx.state(getattr(policy, name)))
+            nnx.update(getattr(critic, name), state)
+        return critic
+
+    def values_and_aux(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+    ) -> tuple[jax.Array, MoeAux]:
+        """tokens [B, T] -> (values [B, T] float32, MoE aux of the critic's own routers)."""
+        out = self.forward(tokens, positions=positions, segment_ids=segment_ids)
+        values = self.value_head(out.hidden)[..., 0].astype(jnp.float32)
+        return values, out.aux
+
+    def values(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+    ) -> jax.Array:
+        """tokens [B, T] int32 -> V(prefix up to and including t) [B, T] float32."""
+        return self.values_and_aux(tokens, positions=positions, segment_ids=segment_ids)[0]

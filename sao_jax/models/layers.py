@@ -1,0 +1,209 @@
+"""Transformer building blocks: RMSNorm, embedding, RoPE, grouped-query attention, SwiGLU MLP.
+
+Every parameter carries `logical_axes` metadata (read by `sao_jax.sharding`) and every key
+activation passes through `sharding.shard`, so the same code runs on one CPU or a 4-axis mesh.
+Shapes: B batch, T query tokens, S key slots (T without a KV cache), D d_model, H query heads,
+K kv heads, Dh head_dim, F hidden width.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sao_jax.models.config import ModelConfig
+from sao_jax.sharding import shard
+
+# Finite, so rows with every key masked (padding queries) stay NaN-free.
+_MASKED_SCORE = -1e30
+
+LayerKV = tuple[jax.Array, jax.Array]
+
+
+def _normal(config: ModelConfig, logical_axes: tuple[str | None, ...]):
+    return nnx.with_metadata(
+        nnx.initializers.normal(stddev=config.initializer_range), logical_axes=logical_axes
+    )
+
+
+def dense(
+    config: ModelConfig,
+    in_features: int,
+    out_features: int,
+    logical_axes: tuple[str | None, str | None],
+    *,
+    rngs: nnx.Rngs,
+) -> nnx.Linear:
+    """Bias-free projection `x @ kernel`, kernel [in, out] annotated with `logical_axes`."""
+    return nnx.Linear(
+        in_features,
+        out_features,
+        use_bias=False,
+        dtype=config.compute_dtype,
+        param_dtype=config.params_dtype,
+        kernel_init=_normal(config, logical_axes),
+        rngs=rngs,
+    )
+
+
+class RMSNorm(nnx.Module):
+    """y = x / rms(x) * scale, normalised in float32 over the last dim (Qwen3 / T5 style)."""
+
+    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype, logical_axis: str):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=(logical_axis,))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+class Embed(nnx.Module):
+    """Token embedding table [V, D]; also the tied LM head."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        init = _normal(config, ("vocab", "embed"))
+        self.embedding = nnx.Param(
+            init(rngs.params(), (config.vocab_size, config.d_model), config.params_dtype)
+        )
+        self.dtype = config.compute_dtype
+
+    def __call__(self, input_ids: jax.Array) -> jax.Array:
+        """input_ids [B, T] int -> [B, T, D]."""
+        return jnp.take(self.embedding[...], input_ids, axis=0).astype(self.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding in the rotate-half layout of HF Llama/Qwen.
+
+    Args:
+      x: [B, T, N, Dh] queries or keys.
+      positions: [B, T] integer positions.
+      theta: base frequency.
+    Returns:
+      [B, T, N, Dh], same dtype as x.
+    """
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """Causal mask within segments: [B, T] segment ids (0 = padding) -> [B, T, T] bool."""
+    t = segment_ids.shape[1]
+    causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return causal[None] & same & (segment_ids[:, :, None] != 0)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention, softmax in float32.
+
+    Args:
+      q: [B, T, H, Dh]; k, v: [B, S, K, Dh] with H a multiple of K; mask: [B, T, S] bool.
+    Returns:
+      [B, T, H, Dh].
+    """
+    b, t, h, dh = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, h // kv_heads, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * dh**-0.5, _MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, dh)
+
+
+def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array, valid: jax.Array) -> jax.Array:
+    """Write new keys/values into a per-row cache at their positions.
+
+    Args:
+      cache: [B, S, K, Dh]; new: [B, T, K, Dh]; positions: [B, T]; valid: [B, T] bool.
+    Returns:
+      the updated cache; invalid (padding) tokens write nothing.
+    """
+    slots = cache.shape[1]
+    index = jnp.where(valid, positions, slots)  # out of range -> dropped
+    rows = jnp.arange(cache.shape[0])[:, None]
+    return cache.at[rows, index].set(new.astype(cache.dtype), mode="drop")
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with RoPE and optional QK-norm (Qwen3)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        h, k, dh, d = config.num_heads, config.num_kv_heads, config.head_dim, config.d_model
+        self.q_proj = dense(config, d, h * dh, ("embed", "heads"), rngs=rngs)
+        self.k_proj = dense(config, d, k * dh, ("embed", "kv_heads"), rngs=rngs)
+        self.v_proj = dense(config, d, k * dh, ("embed", "kv_heads"), rngs=rngs)
+        self.o_proj = dense(config, h * dh, d, ("heads", "embed"), rngs=rngs)
+        if config.qk_norm:
+            norm = dict(eps=config.rms_norm_eps, param_dtype=config.params_dtype)
+            self.q_norm = RMSNorm(dh, logical_axis="head_dim", **norm)
+            self.k_norm = RMSNorm(dh, logical_axis="head_dim", **norm)
+        self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
+        self.qk_norm = config.qk_norm
+        self.rope_theta = config.rope_theta
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        kv_cache: LayerKV | None = None,
+    ) -> tuple[jax.Array, LayerKV | None]:
+        """Self-attention over the row, or over the row's KV cache when one is given.
+
+        Args:
+          x: [B, T, D]; positions: [B, T]; segment_ids: [B, T] (0 = padding).
+          kv_cache: optional (keys, values), each [B, S, K, Dh]. Token t of row b is written at
+            slot positions[b, t] and attends to slots <= positions[b, t] (one sequence per row).
+        Returns:
+          ([B, T, D], updated cache or None).
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = shard(apply_rope(q, positions, self.rope_theta), ("batch", "length", "act_heads", None))
+        k = shard(
+            apply_rope(k, positions, self.rope_theta), ("batch", "length", "act_kv_heads", None)
+        )
+        v = shard(v, ("batch", "length", "act_kv_heads", None))
+        if kv_cache is None:
+            out = attend(q, k, v, attention_mask(segment_ids))
+            new_cache = None
+        else:
+            valid = segment_ids != 0
+            keys = write_kv(kv_cache[0], k, positions, valid)
+            values = write_kv(kv_cache[1], v, positions, valid)
+            slots = jnp.arange(keys.shape[1])
+            mask = (slots[None, None, :] <= positions[:, :, None]) & valid[:, :, None]
+            out = attend(q, keys, values, mask)
+            new_cache = (keys, values)
+        out = shard(out, ("batch", "length", "act_heads", None))
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), new_cache
+
+
+class MLP(nnx.Module):
+    """Dense SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, hidden: int, *, rngs: nnx.Rngs):
+        d = config.d_model
+        self.gate_proj = dense(config, d, hidden, ("embed", "mlp"), rngs=rngs)
+        self.up_proj = dense(config, d, hidden, ("embed", "mlp"), rngs=rngs)
+        self.down_proj = dense(config, hidden, d, ("mlp", "embed"), rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[B, T, D] -> [B, T, D]."""
+        h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(shard(h, ("batch", "length", "act_mlp")))

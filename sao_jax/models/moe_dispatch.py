@@ -1,0 +1,152 @@
+"""MoE token dispatch: how routed tokens reach their experts and come back.
+
+Every implementation has the same signature (`DispatchFn`) and is chosen by name through
+`ModelConfig.moe_dispatch`, so a new one (e.g. "expert_parallel": shard_map + all-to-all over
+the `expert` mesh axis) only has to `register_dispatch` itself.
+
+Both built-in implementations sort the N*K (token, expert) assignments by expert, so their
+cost grows with top-k, not with the number of experts:
+- "sorted_capacity": each expert gets a fixed buffer of C rows and one grouped einsum runs over
+  [E, C, D]; assignments past an expert's capacity are dropped (reported). Fast on CPU.
+- "ragged_dot": dropless; `jax.lax.ragged_dot` over the sorted rows (GPU/TPU kernels; on CPU
+  XLA densifies it, so it costs as much as running every expert).
+Shapes: N tokens, K top-k, E experts, D d_model, F expert hidden width, A = N*K assignments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.sharding import shard
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """Router decisions: expert_index [N, K] int32, expert_weight [N, K], valid [N] bool."""
+
+    expert_index: jax.Array
+    expert_weight: jax.Array
+    valid: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertWeights:
+    """SwiGLU expert weights: gate, up [E, D, F]; down [E, F, D]."""
+
+    gate: jax.Array
+    up: jax.Array
+    down: jax.Array
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate.shape[0]
+
+
+# (x [N, D], routing, weights, capacity_factor) -> (y [N, D], kept assignments [] int32)
+DispatchFn = Callable[[jax.Array, Routing, ExpertWeights, float], tuple[jax.Array, jax.Array]]
+
+_DISPATCH: dict[str, DispatchFn] = {}
+
+
+def register_dispatch(name: str, fn: DispatchFn) -> None:
+    """Make `fn` selectable as `ModelConfig(moe_dispatch=name)`."""
+    _DISPATCH[name] = fn
+
+
+def get_dispatch(name: str) -> DispatchFn:
+    """The dispatch registered under `name`; a clear error if there is none."""
+    if name not in _DISPATCH:
+        raise ValueError(
+            f"MoE dispatch {name!r} is not registered (available: {sorted(_DISPATCH)}); "
+            "import the module that registers it before building the model"
+        )
+    return _DISPATCH[name]
+
+
+def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Rows per expert buffer: ceil(factor * N * K / E), at most N; factor <= 0 -> N (dropless).
+
+    An expert can receive at most N assignments (top-k picks distinct experts), so C = N never
+    drops anything.
+    """
+    if capacity_factor <= 0:
+        return num_tokens
+    return max(1, min(num_tokens, math.ceil(capacity_factor * num_tokens * top_k / num_experts)))
+
+
+def _sort_by_expert(routing: Routing, num_experts: int):
+    """Sort the A assignments by expert; padding tokens go to a virtual expert E at the end.
+
+    Returns (order [A], sorted_expert [A], rank_in_expert [A], counts [E + 1]).
+    """
+    flat = jnp.where(routing.valid[:, None], routing.expert_index, num_experts).reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sorted_expert = flat[order]
+    counts = jnp.zeros((num_experts + 1,), jnp.int32).at[flat].add(1)
+    starts = jnp.cumsum(counts) - counts
+    rank = jnp.arange(flat.shape[0], dtype=jnp.int32) - starts[sorted_expert]
+    return order, sorted_expert, rank, counts
+
+
+def _combine(y_assign: jax.Array, routing: Routing) -> jax.Array:
+    """[A, D] expert outputs in assignment order -> [N, D] router-weighted sum over K."""
+    n, k = routing.expert_index.shape
+    y = y_assign.reshape(n, k, -1)
+    return jnp.einsum("nkd,nk->nd", y, routing.expert_weight.astype(y.dtype))
+
+
+def grouped_swiglu(buffer: jax.Array, weights: ExpertWeights) -> jax.Array:
+    """[E, C, D] per-expert rows -> [E, C, D] through each expert's SwiGLU."""
+    gate = jnp.einsum("ecd,edf->ecf", buffer, weights.gate)
+    up = jnp.einsum("ecd,edf->ecf", buffer, weights.up)
+    h = shard(jax.nn.silu(gate) * up, ("act_experts", "capacity", "act_mlp"))
+    return jnp.einsum("ecf,efd->ecd", h, weights.down)
+
+
+def sorted_capacity(
+    x: jax.Array, routing: Routing, weights: ExpertWeights, capacity_factor: float
+) -> tuple[jax.Array, jax.Array]:
+    """Sort by expert, fill [E, C, D] buffers (dropping overflow), one grouped einsum."""
+    n, d = x.shape
+    k = routing.expert_index.shape[1]
+    e = weights.num_experts
+    c = expert_capacity(n, k, e, capacity_factor)
+    order, sorted_expert, rank, _ = _sort_by_expert(routing, e)
+    keep = (rank < c) & (sorted_expert < e)
+    slot = jnp.where(keep, sorted_expert * c + rank, e * c)  # e * c: nowhere (dropped)
+    # Build buffers by gather (which token sits in each slot) rather than scatter of rows.
+    slot_token = jnp.full((e * c,), n, jnp.int32).at[slot].set(order // k, mode="drop")
+    buffer = jnp.take(x, slot_token, axis=0, mode="fill", fill_value=0).reshape(e, c, d)
+    buffer = shard(buffer, ("act_experts", "capacity", "act_embed"))
+    out = grouped_swiglu(buffer, weights).reshape(e * c, d)
+    slot_of_assignment = jnp.zeros_like(slot).at[order].set(slot)
+    y_assign = jnp.take(out, slot_of_assignment, axis=0, mode="fill", fill_value=0)
+    return _combine(y_assign, routing), jnp.sum(keep, dtype=jnp.int32)
+
+
+def ragged_dot(
+    x: jax.Array, routing: Routing, weights: ExpertWeights, capacity_factor: float
+) -> tuple[jax.Array, jax.Array]:
+    """Dropless: sorted rows through `jax.lax.ragged_dot` with per-expert group sizes."""
+    del capacity_factor  # dropless
+    k = routing.expert_index.shape[1]
+    e = weights.num_experts
+    order, sorted_expert, _, counts = _sort_by_expert(routing, e)
+    rows = jnp.take(x, order // k, axis=0)
+    group_sizes = counts[:e]
+    gate = jax.lax.ragged_dot(rows, weights.gate, group_sizes)
+    up = jax.lax.ragged_dot(rows, weights.up, group_sizes)
+    out = jax.lax.ragged_dot(jax.nn.silu(gate) * up, weights.down, group_sizes)
+    valid = (sorted_expert < e)[:, None]
+    out = jnp.where(valid, out, 0)  # rows of padding tokens sit past every group
+    y_assign = jnp.zeros_like(out).at[order].set(out)
+    return _combine(y_assign, routing), jnp.sum(valid, dtype=jnp.int32)
+
+
+register_dispatch("sorted_capacity", sorted_capacity)
+register_dispatch("ragged_dot", ragged_dot)
