@@ -17,7 +17,7 @@ from sao_jax.losses.sao import sao_policy_loss
 
 PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
-# name -> objective; the comment says what the trainer passes as behaviour_logp and advantages.
+# Each comment says what the trainer passes as behaviour_logp and where the advantages come from.
 _POLICY_LOSSES: dict[str, PolicyLoss] = {
     # DIS against the rollout log-probs; advantages from the critic via action_only_gae.
     "sao": sao_policy_loss,
