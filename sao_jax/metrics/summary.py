@@ -1,0 +1,47 @@
+"""End-of-run summary tables for the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+
+def _cell(value: Any, floatfmt: str) -> Any:
+    # Formatted here because tabulate leaves floats unformatted in mixed-type columns.
+    if isinstance(value, float) and not isinstance(value, bool):
+        return format(value, floatfmt)
+    return value
+
+
+def summary_table(
+    rows: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    floatfmt: str = ".4g",
+    tablefmt: str = "simple",
+) -> str:
+    """A text table.
+
+    `rows` is either one mapping (printed as `metric | value` lines) or a list of mappings
+    (one row each; columns are the union of keys in first-seen order, blanks where absent),
+    e.g. one row per algorithm or per task type.
+    """
+    if isinstance(rows, Mapping):
+        if not rows:
+            raise ValueError("summary_table needs at least one metric")
+        return tabulate(
+            [[k, _cell(v, floatfmt)] for k, v in rows.items()],
+            headers=["metric", "value"],
+            floatfmt=floatfmt,
+            tablefmt=tablefmt,
+        )
+    rows = list(rows)
+    if not rows:
+        raise ValueError("summary_table needs at least one row")
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"row {index} is {type(row).__name__}; expected a dict")
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    table = [[_cell(row.get(column, ""), floatfmt) for column in columns] for row in rows]
+    return tabulate(table, headers=columns, floatfmt=floatfmt, tablefmt=tablefmt)
