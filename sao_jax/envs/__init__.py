@@ -1,0 +1,1 @@
+"""Environments agents act in (text games); each returns text observations and rewards."""

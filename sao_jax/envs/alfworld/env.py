@@ -1,0 +1,139 @@
+"""The single-game environment rollouts use: `reset() -> (obs, info)`, `step(cmd) -> (obs, r, done, info)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sao_jax.envs.alfworld.engine import AlfworldEngine
+from sao_jax.envs.alfworld.expert import expert_action
+from sao_jax.envs.alfworld.game import Game
+from sao_jax.envs.alfworld.generator import SPLITS, check_game_args, make_game
+from sao_jax.envs.alfworld.rng import StableRng
+
+
+class GameSampler:
+    """Endless, reproducible stream of game indices: each epoch is a fresh stable permutation.
+
+    Several envs sharing one sampler draw distinct games until the split is exhausted.
+    """
+
+    def __init__(
+        self, split: str = "train", *, seed: int = 0, indices: Sequence[int] | None = None
+    ):
+        check_game_args(split, 0, "full")
+        self.split, self.seed = split, seed
+        self.indices = tuple(range(SPLITS[split])) if indices is None else tuple(indices)
+        if not self.indices:
+            raise ValueError("GameSampler needs at least one game index")
+        for index in self.indices:
+            check_game_args(split, index, "full")
+        self._epoch, self._order, self._position = -1, [], 0
+
+    def next_index(self) -> int:
+        """The next game index."""
+        if self._position >= len(self._order):
+            self._epoch += 1
+            self._order = StableRng("sampler", self.split, self.seed, self._epoch).shuffled(
+                self.indices
+            )
+            self._position = 0
+        self._position += 1
+        return self._order[self._position - 1]
+
+
+class AlfworldEnv:
+    """One ALFWorld game at a time, on our engine.
+
+    Rewards: 1.0 on the step that wins, else 0.0. An episode ends when won or after
+    `max_steps` steps (a command that is not admissible prints "Nothing happens." and still
+    costs a step).
+
+    Info (reset and step): task, task_type, game_id, admissible_commands, won, steps; on step
+    also `admissible` (whether the command was); with `expert_in_info`, the expert's next
+    command as `expert_action` (None once won); when the episode ends, `episode` =
+    {won, steps, task_type, game_id}.
+    """
+
+    def __init__(
+        self,
+        split: str = "train",
+        *,
+        size: str = "full",
+        phrasing: str = "0.4.2",
+        max_steps: int = 50,
+        seed: int = 0,
+        indices: Sequence[int] | None = None,
+        include_help: bool = False,
+        expert_in_info: bool = False,
+        sampler: GameSampler | None = None,
+    ):
+        check_game_args(split, 0, size)
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+        if sampler is not None and sampler.split != split:
+            raise ValueError(f"sampler draws from {sampler.split!r} but the env plays {split!r}")
+        self.split, self.size, self.phrasing = split, size, phrasing
+        self.max_steps = max_steps
+        self.include_help = include_help
+        self.expert_in_info = expert_in_info
+        self.sampler = sampler or GameSampler(split, seed=seed, indices=indices)
+        self.engine: AlfworldEngine | None = None
+        self.steps = 0
+        self.done = True
+
+    @property
+    def game(self) -> Game:
+        if self.engine is None:
+            raise RuntimeError("no game yet: call reset() first")
+        return self.engine.game
+
+    def reset(self, index: int | None = None, *, game: Game | None = None) -> tuple[str, dict]:
+        """Start a game: `game` if given, else game `index` of the split, else the next one."""
+        if game is None:
+            index = self.sampler.next_index() if index is None else index
+            game = make_game(self.split, index, size=self.size)
+        self.engine = AlfworldEngine(game, phrasing=self.phrasing, include_help=self.include_help)
+        observation = self.engine.reset()
+        self.steps, self.done = 0, False
+        return observation, self._info()
+
+    def step(self, command: str) -> tuple[str, float, bool, dict]:
+        """Run one command; see the class docstring for rewards and info."""
+        if self.done or self.engine is None:
+            raise RuntimeError("episode is over: call reset() first")
+        admissible = self.engine.is_admissible(command)
+        observation = self.engine.step(command)
+        self.steps += 1
+        won = self.engine.won
+        self.done = won or self.steps >= self.max_steps
+        info = self._info()
+        info["admissible"] = admissible
+        if self.done:
+            game = self.engine.game
+            info["episode"] = {
+                "won": won,
+                "steps": self.steps,
+                "task_type": game.task.task_type,
+                "game_id": game.game_id,
+            }
+        return observation, float(won), self.done, info
+
+    def expert_action(self) -> str | None:
+        """The expert's next command from the current state."""
+        if self.engine is None:
+            raise RuntimeError("no game yet: call reset() first")
+        return expert_action(self.engine)
+
+    def _info(self) -> dict:
+        engine = self.engine
+        info = {
+            "task": engine.game.task.sentence,
+            "task_type": engine.game.task.task_type,
+            "game_id": engine.game.game_id,
+            "admissible_commands": engine.admissible_commands,
+            "won": engine.won,
+            "steps": self.steps,
+        }
+        if self.expert_in_info:
+            info["expert_action"] = expert_action(engine)
+        return info
