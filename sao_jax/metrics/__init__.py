@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sao_jax.metrics.progress import ProgressBar, format_metric
-from sao_jax.metrics.summary import summary_table
+from sao_jax.metrics.summary import SUMMARY_FILE, save_summary, summary_table
 from sao_jax.metrics.writer import (
     METRICS_FILE,
     MetricsWriter,
@@ -29,6 +29,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "METRICS_FILE",
+    "SUMMARY_FILE",
     "MetricsWriter",
     "ProgressBar",
     "decode_value",
@@ -36,5 +37,6 @@ __all__ = [
     "format_metric",
     "plot_learning_curves",
     "read_metrics",
+    "save_summary",
     "summary_table",
 ]

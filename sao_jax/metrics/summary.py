@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
+
+from sao_jax.metrics.writer import encode_value, flatten_metrics, to_scalar
+
+SUMMARY_FILE = "summary.json"
 
 
 def _cell(value: Any, floatfmt: str) -> Any:
@@ -45,3 +52,22 @@ def summary_table(
     columns = list(dict.fromkeys(key for row in rows for key in row))
     table = [[_cell(row.get(column, ""), floatfmt) for column in columns] for row in rows]
     return tabulate(table, headers=columns, floatfmt=floatfmt, tablefmt=tablefmt)
+
+
+def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path:
+    """Write `out_dir/summary.json` (numbers as in metrics.jsonl: non-finite as "nan"/"inf",
+    0-d arrays as numbers, nested dicts kept) and return its path."""
+
+    def plain(value: Any, name: str) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): plain(v, f"{name}/{k}") for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        return encode_value(to_scalar(name, value))
+
+    flatten_metrics(summary)  # validates the keys
+    path = Path(out_dir) / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({k: plain(v, k) for k, v in summary.items()}, indent=2, allow_nan=False)
+    path.write_text(text + "\n")
+    return path

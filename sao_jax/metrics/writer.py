@@ -31,20 +31,21 @@ TENSORBOARD_DIR = "tensorboard"
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts flattened to "a/b" names; raises ValueError on a non-string name."""
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"metric names must be non-empty strings, got {key!r}")
         name = prefix + key
         if isinstance(value, Mapping):
-            flat.update(_flatten(value, name + "/"))
+            flat.update(flatten_metrics(value, name + "/"))
         else:
             flat[name] = value
     return flat
 
 
-def _to_python(name: str, value: Any) -> int | float | str | None:
+def to_scalar(name: str, value: Any) -> int | float | str | None:
     """One metric value as a JSON-able Python scalar (0-d and size-1 arrays are accepted)."""
     if value is None or isinstance(value, str):
         return value
@@ -159,12 +160,12 @@ class MetricsWriter:
         """
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
             raise TypeError(f"step must be an int, got {type(step).__name__}")
-        flat = _flatten(metrics)
+        flat = flatten_metrics(metrics)
         if "step" in flat:
             raise ValueError("'step' is reserved; pass it as the step argument")
         # one device-to-host transfer; a list keeps the caller's column order (dicts get sorted)
         fetched = jax.device_get(list(flat.values()))
-        values = {name: _to_python(name, v) for name, v in zip(flat, fetched, strict=True)}
+        values = {name: to_scalar(name, v) for name, v in zip(flat, fetched, strict=True)}
         if not self.enabled:
             return
         if self._file is None:

@@ -1,10 +1,13 @@
 """summary_table: key/value and multi-row tables, formatting and errors."""
 
+import json
 import math
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from sao_jax.metrics import summary_table
+from sao_jax.metrics import save_summary, summary_table
 
 
 def test_single_mapping_is_metric_value_table():
@@ -35,3 +38,28 @@ def test_errors():
         summary_table({})
     with pytest.raises(TypeError, match="row 1 is list"):
         summary_table([{"a": 1}, [1, 2]])
+
+
+def test_save_summary_json(tmp_path):
+    path = save_summary(
+        tmp_path / "run",
+        {
+            "unseen_success_start": jnp.float32(0.125),
+            "unseen_success_end": 0.5,
+            "policy_steps": np.int64(300),
+            "final_kl": math.inf,
+            "per_task": {"pick": 0.75, "heat": math.nan},
+            "seeds": [0, 1],
+        },
+    )
+    assert path == tmp_path / "run" / "summary.json"
+    assert json.loads(path.read_text()) == {
+        "unseen_success_start": 0.125,
+        "unseen_success_end": 0.5,
+        "policy_steps": 300,
+        "final_kl": "inf",
+        "per_task": {"pick": 0.75, "heat": "nan"},
+        "seeds": [0, 1],
+    }
+    with pytest.raises(ValueError, match="metric 'curve' must be"):
+        save_summary(tmp_path, {"curve": np.ones(3)})
