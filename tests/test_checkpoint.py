@@ -210,6 +210,16 @@ def test_restore_fills_an_abstract_module(tmp_path):
     )
 
 
+def test_restore_casts_to_the_target_dtype(tmp_path):
+    weights = {"w": jnp.arange(4, dtype=jnp.float32) / 3}
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, {"policy": weights})
+        target = {"w": jax.ShapeDtypeStruct((4,), jnp.bfloat16)}
+        restored = ckpt.restore({"policy": target}).items["policy"]["w"]
+    assert restored.dtype == jnp.bfloat16
+    assert np.array_equal(restored, weights["w"].astype(jnp.bfloat16))
+
+
 def test_keep_last_n_and_save_interval(tmp_path):
     tree = {"w": jnp.arange(4.0)}
     with Checkpointer(tmp_path, max_to_keep=2) as ckpt:
