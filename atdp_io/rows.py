@@ -1,0 +1,208 @@
+"""Training rows from a trajectory, and fixed-shape batches from rows. Pure numpy, no I/O.
+
+Layouts:
+- `concat`: a trajectory's LLM calls merged into one row, valid when each call's input starts
+  with the previous call's input + output (a growing multi-turn context). Tokens are the last
+  call's input + output; every call's output tokens sit where that call generated them.
+- `windowed`: one row per LLM call (its input + output), for harnesses that rebuild the prompt
+  each turn (history windows, summaries).
+
+Rewards land on the last output token of the LLM call they belong to: an event's own rewards and
+late rewards go to the nearest LLM call at or before the event they point at (late rewards for
+the whole trajectory go to its last call); rewards with no LLM call before them are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from atdp_io.schema import EventKind, LateReward, Reward, Trajectory
+
+LAYOUTS = ("concat", "windowed")
+
+
+class LayoutError(ValueError):
+    """A trajectory cannot be laid out as asked (e.g. `concat` on a non-extending context)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Row:
+    """One unpadded training row: every array `[L]`."""
+
+    tokens: np.ndarray  # int32
+    loss_mask: np.ndarray  # int32, 1 exactly on trainable output tokens
+    rollout_logp: np.ndarray  # float32, 0 where loss_mask is 0
+    rewards: np.ndarray  # float32
+    versions: np.ndarray  # int32 policy version of each output token, -1 elsewhere
+    turn_index: int  # LLM-call ordinal of the row's call (windowed) or 0 (concat)
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[0]
+
+    def min_version(self) -> int:
+        """Smallest policy version among the row's output tokens (-1 when it has none)."""
+        output = self.versions[self.versions >= 0]
+        return int(output.min()) if output.size else -1
+
+
+def reward_per_call(
+    trajectory: Trajectory, weights: Mapping[str, float] | None = None
+) -> dict[int, float]:
+    """Total reward credited to each LLM call, keyed by the call's event index.
+
+    `weights` scales rewards by source (sources missing from it are ignored); None sums all.
+    """
+    llm_indices = [i for i, e in enumerate(trajectory.events) if e.kind == EventKind.LLM_CALL]
+    totals = dict.fromkeys(llm_indices, 0.0)
+    if not llm_indices:
+        return totals
+
+    def credit(event_index: int | None, reward: Reward) -> None:
+        weight = 1.0 if weights is None else weights.get(reward.source)
+        if not weight:
+            return
+        if event_index is None:
+            target = llm_indices[-1]
+        else:
+            preceding = [i for i in llm_indices if i <= event_index]
+            if not preceding:
+                return
+            target = preceding[-1]
+        totals[target] += weight * reward.value
+
+    for index, event in enumerate(trajectory.events):
+        for reward in event.rewards:
+            credit(index, reward)
+    for note in trajectory.annotations:
+        if isinstance(note, LateReward):
+            credit(note.event_index, note.reward)
+    return totals
+
+
+def extends_previous(trajectory: Trajectory) -> bool:
+    """True when every LLM call's input starts with the previous call's input + output."""
+    previous = None
+    for _, event in trajectory.llm_events():
+        ids = event.llm.input_ids
+        if previous is not None and not (
+            ids.shape[0] >= previous.shape[0] and np.array_equal(ids[: previous.shape[0]], previous)
+        ):
+            return False
+        previous = event.llm.context_ids
+    return True
+
+
+def trajectory_rows(
+    trajectory: Trajectory,
+    layout: str,
+    *,
+    reward_weights: Mapping[str, float] | None = None,
+    concat_fallback: str = "windowed",
+) -> tuple[list[Row], bool]:
+    """Rows of one trajectory and whether `concat` fell back to `windowed`.
+
+    `concat_fallback`: "windowed" lays out a non-extending trajectory one row per call;
+    "error" raises `LayoutError` naming the trajectory.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not trajectory.llm_events():
+        return [], False
+    rewards = reward_per_call(trajectory, reward_weights)
+    if layout == "concat":
+        if extends_previous(trajectory):
+            return [_concat_row(trajectory, rewards)], False
+        if concat_fallback == "error":
+            raise LayoutError(
+                f"trajectory {trajectory.trajectory_id!r}: an LLM call's input does not extend "
+                "the previous input + output; use layout='windowed'"
+            )
+        if concat_fallback != "windowed":
+            raise ValueError(
+                f"concat_fallback must be 'windowed' or 'error', not {concat_fallback!r}"
+            )
+    rows = []
+    for turn, (index, event) in enumerate(trajectory.llm_events()):
+        llm = event.llm
+        n_in, n_out = llm.input_ids.shape[0], llm.output_ids.shape[0]
+        row = _empty_row(llm.context_ids, turn)
+        _place_output(row, n_in, llm, rewards[index], n_out)
+        rows.append(row)
+    return rows, layout == "concat"
+
+
+def _empty_row(tokens: np.ndarray, turn: int) -> Row:
+    n = tokens.shape[0]
+    return Row(
+        tokens=tokens.astype(np.int32),
+        loss_mask=np.zeros(n, np.int32),
+        rollout_logp=np.zeros(n, np.float32),
+        rewards=np.zeros(n, np.float32),
+        versions=np.full(n, -1, np.int32),
+        turn_index=turn,
+    )
+
+
+def _place_output(row: Row, start: int, llm, reward: float, n_out: int) -> None:
+    end = start + n_out
+    row.loss_mask[start:end] = llm.loss_mask
+    row.rollout_logp[start:end] = np.where(llm.loss_mask > 0, llm.output_logprobs, 0.0)
+    row.versions[start:end] = llm.output_versions
+    # An empty output (the call produced nothing) keeps its reward on the last context token.
+    row.rewards[max(end - 1, 0)] += reward
+
+
+def _concat_row(trajectory: Trajectory, rewards: dict[int, float]) -> Row:
+    calls = trajectory.llm_events()
+    row = _empty_row(calls[-1][1].llm.context_ids, 0)
+    for index, event in calls:
+        llm = event.llm
+        _place_output(row, llm.input_ids.shape[0], llm, rewards[index], llm.output_ids.shape[0])
+    return row
+
+
+def pack_batch(
+    groups: Sequence[Sequence[Row]], rows: int, seq_len: int, pad_id: int = 0
+) -> dict[str, np.ndarray]:
+    """Pads rows into one fixed-shape batch; `groups[k]` are the rows of trajectory k.
+
+    Returns `tokens [R, T] int32`, `loss_mask [R, T] int32`, `rollout_logp [R, T] float32`,
+    `rewards [R, T] float32`, `versions [R, T] int32`, `positions [R, T] int32`,
+    `segment_ids [R, T] int32` (1 on real tokens, 0 on padding), `traj_index [R] int32` (k, the
+    trajectory's slot in this batch) and `turn_index [R] int32`; both -1 on padding rows.
+    """
+    total = sum(len(g) for g in groups)
+    if total > rows:
+        raise ValueError(f"pack_batch: {total} rows do not fit a batch of {rows}")
+    batch = {
+        "tokens": np.full((rows, seq_len), pad_id, np.int32),
+        "loss_mask": np.zeros((rows, seq_len), np.int32),
+        "rollout_logp": np.zeros((rows, seq_len), np.float32),
+        "rewards": np.zeros((rows, seq_len), np.float32),
+        "versions": np.full((rows, seq_len), -1, np.int32),
+        "positions": np.zeros((rows, seq_len), np.int32),
+        "segment_ids": np.zeros((rows, seq_len), np.int32),
+        "traj_index": np.full(rows, -1, np.int32),
+        "turn_index": np.full(rows, -1, np.int32),
+    }
+    r = 0
+    for k, group in enumerate(groups):
+        for row in group:
+            n = row.length
+            if n > seq_len:
+                raise ValueError(f"pack_batch: a row of {n} tokens exceeds seq_len {seq_len}")
+            batch["tokens"][r, :n] = row.tokens
+            batch["loss_mask"][r, :n] = row.loss_mask
+            batch["rollout_logp"][r, :n] = row.rollout_logp
+            batch["rewards"][r, :n] = row.rewards
+            batch["versions"][r, :n] = row.versions
+            batch["positions"][r, :n] = np.arange(n, dtype=np.int32)
+            batch["segment_ids"][r, :n] = 1
+            batch["traj_index"][r] = k
+            batch["turn_index"][r] = row.turn_index
+            r += 1
+    return batch
