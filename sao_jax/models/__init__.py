@@ -12,7 +12,7 @@ from sao_jax.models.logprobs import chunked_token_logprobs, token_logprobs_from_
 from sao_jax.models.moe import MoeAux, MoeStats
 from sao_jax.models.moe_dispatch import expert_capacity, get_dispatch, register_dispatch
 from sao_jax.models.safetensors_io import CheckpointError
-from sao_jax.models.transformer import Backbone, ForwardOutput, Transformer
+from sao_jax.models.transformer import Backbone, ForwardOutput, Transformer, init_model
 
 __all__ = [
     "Backbone",
@@ -29,6 +29,7 @@ __all__ = [
     "expert_capacity",
     "get_dispatch",
     "get_model_config",
+    "init_model",
     "load_hf_qwen3_moe",
     "preset_names",
     "register_dispatch",

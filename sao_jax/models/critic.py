@@ -34,13 +34,21 @@ class Critic(Backbone):
         )
 
     @classmethod
-    def from_policy(cls, policy: Transformer, *, rngs: nnx.Rngs | None = None) -> Critic:
-        """A critic whose backbone is a copy of `policy`'s (embedding, layers, final norm)."""
-        critic = cls(policy.config, rngs=rngs or nnx.Rngs(0))
-        for name in ("embed", "layers", "final_norm"):
-            state = jax.tree.map(jnp.copy, nnx.state(getattr(policy, name)))
-            nnx.update(getattr(critic, name), state)
-        return critic
+    def from_policy(cls, policy: Transformer) -> Critic:
+        """A critic whose backbone is a copy of `policy`'s (embedding, layers, final norm).
+
+        The value head starts at zero; arrays keep the policy's shardings.
+        """
+        abstract = nnx.eval_shape(lambda: cls(policy.config, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        policy_params = dict(nnx.to_flat_state(nnx.state(policy)))
+        for path, variable in nnx.to_flat_state(state):
+            if path[0] == "value_head":
+                spec = variable.get_value()
+                variable.set_value(jnp.zeros(spec.shape, spec.dtype))
+            else:
+                variable.set_value(jnp.copy(policy_params[path].get_value()))
+        return nnx.merge(graphdef, state)
 
     def values_and_aux(
         self,

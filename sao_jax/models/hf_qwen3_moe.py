@@ -198,7 +198,8 @@ def load_hf_qwen3_moe(
       dtype: parameter and compute dtype (float32 for parity checks, bfloat16 for serving).
       mesh: if given, every parameter is placed straight onto its logical sharding.
       rules: logical-axis rules for `mesh` (default: `sao_jax.sharding.DEFAULT_RULES`).
-      config_overrides: ModelConfig fields to change, e.g. moe_dispatch="ragged_dot".
+      config_overrides: ModelConfig fields to change, e.g. moe_dispatch="ragged_dot". The
+        default capacity_factor is 0 (dropless), which is what `transformers` computes.
     Returns:
       the model; `model(input_ids [B, T] int32)` gives float32 logits [B, T, V].
     Raises:
@@ -213,6 +214,7 @@ def load_hf_qwen3_moe(
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{config_file}: invalid JSON ({e})") from None
     name = jnp.dtype(dtype).name
+    config_overrides.setdefault("capacity_factor", 0.0)  # dropless, as transformers computes
     config_overrides.setdefault("dtype", name)
     config_overrides.setdefault("param_dtype", name)
     config = config_from_hf(hf_config, file=config_file, **config_overrides)
@@ -236,7 +238,9 @@ def load_hf_qwen3_moe(
         sharding = flat_shardings[param_path].get_value() if shardings is not None else None
         variable.set_value(jax.device_put(array, sharding))
     unused = [
-        k for k in reader.tensor_names() if k not in importer.used and not k.endswith(_IGNORED_SUFFIXES)
+        k
+        for k in reader.tensor_names()
+        if k not in importer.used and not k.endswith(_IGNORED_SUFFIXES)
     ]
     if config.tie_embeddings:
         unused = [k for k in unused if k != "lm_head.weight"]

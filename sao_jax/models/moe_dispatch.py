@@ -15,17 +15,17 @@ Shapes: N tokens, K top-k, E experts, D d_model, F expert hidden width, A = N*K 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from sao_jax.sharding import shard
 
 
-@dataclasses.dataclass(frozen=True)
+@struct.dataclass
 class Routing:
     """Router decisions: expert_index [N, K] int32, expert_weight [N, K], valid [N] bool."""
 
@@ -34,7 +34,7 @@ class Routing:
     valid: jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
+@struct.dataclass
 class ExpertWeights:
     """SwiGLU expert weights: gate, up [E, D, F]; down [E, F, D]."""
 

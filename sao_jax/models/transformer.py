@@ -18,7 +18,7 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers import MLP, Attention, Embed, LayerKV, RMSNorm, dense
 from sao_jax.models.logprobs import chunked_token_logprobs
 from sao_jax.models.moe import MoeAux, MoeBlock, MoeStats
-from sao_jax.sharding import shard
+from sao_jax.sharding import LogicalRules, init_sharded, shard
 
 
 @struct.dataclass
@@ -167,3 +167,25 @@ class Transformer(Backbone):
         """input_ids [B, T] int32 -> float32 logits [B, T, V]."""
         out = self.forward(input_ids, positions=positions, segment_ids=segment_ids)
         return self.logits(out.hidden)
+
+
+def init_model(
+    config: ModelConfig,
+    *,
+    seed: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: LogicalRules | None = None,
+    model_class: type[Backbone] = Transformer,
+) -> Backbone:
+    """Initialise `model_class(config)` inside one jit (much faster than op-by-op on CPU).
+
+    With a mesh, every parameter is created already sharded by its logical axes.
+    """
+
+    def factory() -> Backbone:
+        return model_class(config, rngs=nnx.Rngs(seed))
+
+    if mesh is not None:
+        return init_sharded(factory, mesh, rules)
+    graphdef, _ = nnx.split(nnx.eval_shape(factory))
+    return nnx.merge(graphdef, jax.jit(lambda: nnx.state(factory()))())
