@@ -57,13 +57,3 @@ class StableRng:
         if k > len(items):
             raise ValueError(f"sample of {k} from {len(items)} items")
         return self.shuffled(items)[:k]
-
-    def weighted_choice(self, items: Sequence[T], weights: Sequence[float]) -> T:
-        """One element, drawn with probability proportional to its weight."""
-        total = float(sum(weights))
-        point = self._random() * total
-        for item, weight in zip(items, weights, strict=True):
-            point -= weight
-            if point < 0:
-                return item
-        return items[-1]
