@@ -9,6 +9,8 @@ and turns the lamp on. Every command it returns is admissible when it is issued.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sao_jax.envs.alfworld import classes, texts
 from sao_jax.envs.alfworld.engine import AlfworldEngine
 from sao_jax.envs.alfworld.game import APPLIANCE, LOOK, TWO, Game
@@ -105,7 +107,8 @@ class _Plan:
         ]
         self.put(min(fitting, key=lambda r: (self.access_cost(r), r)))
 
-    def cheapest(self, options: list[int], cost) -> int:
+    def cheapest(self, options: list[int], cost: Callable[[int], int]) -> int:
+        """The option of least cost (ties: lowest index, i.e. first in the engine's order)."""
         return min(options, key=lambda option: (cost(option), option))
 
 

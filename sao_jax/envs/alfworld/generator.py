@@ -7,7 +7,8 @@ a target, and objects placed where their class fits. Targets never start solved 
 is solvable by construction (tests run the expert on all of them).
 
 `size="small"` rooms have 4-6 receptacles, one target instance (two for pick_two) and 1-3
-distractors, for CPU-scale training; `size="full"` rooms resemble ALFRED's (10-30 receptacles).
+distractors, for CPU-scale training; `size="full"` rooms resemble ALFRED's (6-33 receptacles,
+8-20 distractors).
 """
 
 from __future__ import annotations
