@@ -1,0 +1,472 @@
+"""KV-cache sampler: jitted prefill and a jitted decode loop over a donated, per-slot cache.
+
+Two levels of API:
+- `Sampler.generate(prompts, sampling)`: a batch of prompts of different lengths in, token ids,
+  per-token log-probs (temperature 1, what DIS needs), lengths and the policy version out.
+- The slot API a continuous-batching worker builds on: `init_state(num_slots, cache_len)`,
+  `prefill(state, prompts, slots, sampling)` (refill any slots at any time), and
+  `decode(state, num_steps)` (advance every active slot, several tokens per dispatch).
+
+Layout: prompts are right-padded; slot b keeps token p at cache index p, so positions are
+exact and slots are independent. Prompt length, batch size and generation length are rounded
+up to powers of two ("buckets"), so a long run compiles a handful of shapes, not one per
+prompt length. Decoding settings are per-row arrays: changing them never recompiles, and
+`update_weights` swaps parameters of the same shapes without recompiling.
+
+MoE routing is dropless here by default (`capacity_factor=0`), so a token's probability
+depends only on its own sequence, never on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from sao_jax.models.transformer import Transformer
+from sao_jax.rollout.kv_cache import KVCache, init_kv_cache, kv_cache_shardings
+from sao_jax.rollout.sampling import SamplingParams, sample_tokens, token_logprob
+from sao_jax.sharding import LogicalRules, named_sharding, state_shardings
+
+
+@struct.dataclass
+class DecodeState:
+    """Everything the decode loop carries, one row per slot (B slots, M stop ids per slot).
+
+    tokens: [B] last sampled token (fed at the next step); positions: [B] cache index it goes to;
+    active: [B] still generating; num_generated: [B]; max_new_tokens: [B]; seeds: [B] uint32;
+    temperature, top_p: [B] float32; top_k: [B] int32; stop_ids: [B, M] int32 (-1 = unused).
+    """
+
+    cache: KVCache
+    tokens: jax.Array
+    positions: jax.Array
+    active: jax.Array
+    num_generated: jax.Array
+    max_new_tokens: jax.Array
+    seeds: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    stop_ids: jax.Array
+
+
+@struct.dataclass
+class RowSettings:
+    """Per-request decoding settings as arrays [n] (stop_ids [n, M])."""
+
+    max_new_tokens: jax.Array
+    seeds: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    stop_ids: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleResult:
+    """Output of `Sampler.generate` for n prompts, padded to the longest request (N).
+
+    tokens: [n, N] int32 generated ids (pad_id after the end); logprobs: [n, N] float32
+    log-probs of those tokens under the policy at temperature 1 (0 after the end); lengths: [n]
+    generated tokens per row (a stop token counts); finish_reasons: "stop" or "length";
+    policy_version: the weights version that produced every token.
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    finish_reasons: tuple[str, ...]
+    policy_version: int
+
+
+DEFAULT_SAMPLING = SamplingParams()
+
+
+def bucket(n: int, minimum: int) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    return 1 << (max(n, minimum) - 1).bit_length()
+
+
+def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
+    return jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
+
+
+def _hits_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
+    return jnp.any(tokens[:, None] == stop_ids, axis=-1)
+
+
+class Sampler:
+    """Batched autoregressive sampling from a `Transformer` with a preallocated KV cache."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        policy_version: int = 0,
+        mesh: jax.sharding.Mesh | None = None,
+        rules: LogicalRules | None = None,
+        pad_id: int = 0,
+        max_stop_tokens: int = 8,
+        min_prompt_bucket: int = 16,
+        min_new_tokens_bucket: int = 16,
+        capacity_factor: float | None = 0.0,
+    ):
+        """Args:
+        model: the policy; its parameters are taken as the initial weights.
+        policy_version: version stamp of those weights.
+        mesh: optional device mesh; parameters, cache and rows are then sharded by logical axes
+          (`rules`, default `sao_jax.sharding.DEFAULT_RULES`) with explicit jit shardings.
+        pad_id: id written after a row's last generated token.
+        max_stop_tokens: stop ids per request (M).
+        min_prompt_bucket, min_new_tokens_bucket: smallest padded prompt / generation lengths.
+        capacity_factor: MoE capacity while sampling (0: dropless; None: the model's own).
+        """
+        config = model.config
+        if capacity_factor is not None:
+            config = config.replace(capacity_factor=capacity_factor)
+        self.config = config
+        self.graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+        self.mesh, self.rules = mesh, rules
+        self.pad_id, self.max_stop_tokens = pad_id, max_stop_tokens
+        self.min_prompt_bucket, self.min_new_tokens_bucket = (
+            min_prompt_bucket,
+            min_new_tokens_bucket,
+        )
+        params = nnx.state(model)
+        self._param_shardings = state_shardings(params, mesh, rules) if mesh is not None else None
+        self._structure = jax.tree.structure(params)
+        self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self._jitted: dict[tuple, object] = {}
+        self.params: nnx.State = params
+        self.policy_version = policy_version
+        self.update_weights(params, policy_version)
+
+    # ----------------------------------------------------------------------------- weights
+    def update_weights(self, params: nnx.State | Transformer, version: int) -> None:
+        """Swap in new weights (same shapes and dtypes) stamped `version`; never recompiles."""
+        if isinstance(params, nnx.Module):
+            params = nnx.state(params)
+        if jax.tree.structure(params) != self._structure:
+            raise ValueError("update_weights: parameter tree differs from the sampler's model")
+        for (path, new), old in zip(
+            jax.tree.leaves_with_path(params), jax.tree.leaves(self._abstract), strict=True
+        ):
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise ValueError(
+                    f"update_weights: {jax.tree_util.keystr(path)} is {new.shape} {new.dtype}, "
+                    f"expected {old.shape} {old.dtype}"
+                )
+        if self._param_shardings is not None:
+            params = jax.device_put(params, self._param_shardings)
+        self.params = params
+        self.policy_version = int(version)
+
+    # ----------------------------------------------------------------------- jitted kernels
+    def _model(self, params: nnx.State) -> Transformer:
+        return nnx.merge(self.graphdef, params)
+
+    def _init_impl(self, num_slots: int, length: int) -> DecodeState:
+        zeros_i = jnp.zeros((num_slots,), jnp.int32)
+        return DecodeState(
+            cache=init_kv_cache(self.config, num_slots, length),
+            tokens=zeros_i,
+            positions=zeros_i,
+            active=jnp.zeros((num_slots,), bool),
+            num_generated=zeros_i,
+            max_new_tokens=zeros_i,
+            seeds=jnp.zeros((num_slots,), jnp.uint32),
+            temperature=jnp.ones((num_slots,), jnp.float32),
+            top_k=zeros_i,
+            top_p=jnp.ones((num_slots,), jnp.float32),
+            stop_ids=jnp.full((num_slots, self.max_stop_tokens), -1, jnp.int32),
+        )
+
+    def _prefill_impl(
+        self,
+        params: nnx.State,
+        state: DecodeState,
+        tokens: jax.Array,
+        lengths: jax.Array,
+        slots: jax.Array,
+        rows: RowSettings,
+    ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+        model = self._model(params)
+        n, p = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
+        segment_ids = (positions < lengths[:, None]).astype(jnp.int32)
+        sub = state.cache.take_slots(slots)
+        out = model.forward(
+            tokens, positions=positions, segment_ids=segment_ids, kv_cache=sub.layers()
+        )
+        cache = state.cache.put_slots(slots, KVCache.from_layers(out.kv_cache))
+        last = jnp.take_along_axis(out.hidden, (lengths - 1)[:, None, None], axis=1)[:, 0]
+        logits = model.logits(last)
+        keys = _row_keys(rows.seeds, jnp.zeros_like(lengths))
+        first = sample_tokens(logits, keys, rows.temperature, rows.top_k, rows.top_p)
+        logp = token_logprob(logits, first)
+        finished = _hits_stop(first, rows.stop_ids) | (rows.max_new_tokens <= 1)
+
+        def put(field: jax.Array, value: jax.Array) -> jax.Array:
+            return field.at[slots].set(value.astype(field.dtype), mode="drop")
+
+        state = state.replace(
+            cache=cache,
+            tokens=put(state.tokens, first),
+            positions=put(state.positions, lengths),
+            active=put(state.active, ~finished),
+            num_generated=put(state.num_generated, jnp.ones_like(lengths)),
+            max_new_tokens=put(state.max_new_tokens, rows.max_new_tokens),
+            seeds=put(state.seeds, rows.seeds),
+            temperature=put(state.temperature, rows.temperature),
+            top_k=put(state.top_k, rows.top_k),
+            top_p=put(state.top_p, rows.top_p),
+            stop_ids=put(state.stop_ids, rows.stop_ids),
+        )
+        return state, first, logp, finished
+
+    def _decode_impl(
+        self, params: nnx.State, state: DecodeState, num_steps: int
+    ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+        model = self._model(params)
+        b = state.tokens.shape[0]
+        out_tokens = jnp.full((b, num_steps), self.pad_id, jnp.int32)
+        out_logp = jnp.zeros((b, num_steps), jnp.float32)
+        out_emitted = jnp.zeros((b, num_steps), bool)
+
+        def step(carry):
+            state, out_tokens, out_logp, out_emitted, i = carry
+            out = model.forward(
+                state.tokens[:, None],
+                positions=state.positions[:, None],
+                segment_ids=state.active[:, None].astype(jnp.int32),
+                kv_cache=state.cache.layers(),
+            )
+            logits = model.logits(out.hidden[:, 0])
+            keys = _row_keys(state.seeds, state.num_generated)
+            token = sample_tokens(logits, keys, state.temperature, state.top_k, state.top_p)
+            logp = token_logprob(logits, token)
+            live = state.active
+            generated = state.num_generated + live
+            finished = _hits_stop(token, state.stop_ids) | (generated >= state.max_new_tokens)
+            state = state.replace(
+                cache=KVCache.from_layers(out.kv_cache),
+                tokens=jnp.where(live, token, state.tokens),
+                positions=state.positions + live,
+                num_generated=generated,
+                active=live & ~finished,
+            )
+            out_tokens = out_tokens.at[:, i].set(jnp.where(live, token, self.pad_id))
+            out_logp = out_logp.at[:, i].set(jnp.where(live, logp, 0.0))
+            out_emitted = out_emitted.at[:, i].set(live)
+            return state, out_tokens, out_logp, out_emitted, i + 1
+
+        def keep_going(carry) -> jax.Array:
+            return (carry[-1] < num_steps) & jnp.any(carry[0].active)
+
+        carry = (state, out_tokens, out_logp, out_emitted, jnp.int32(0))
+        state, out_tokens, out_logp, out_emitted, _ = jax.lax.while_loop(keep_going, step, carry)
+        return state, out_tokens, out_logp, out_emitted
+
+    # ------------------------------------------------------------------ jit with shardings
+    def _row_sharding(self, *shape: int):
+        axes = ("cache_batch",) + (None,) * (len(shape) - 1)
+        return named_sharding(self.mesh, axes, shape, self.rules)
+
+    def _state_shardings(self, num_slots: int, length: int) -> DecodeState:
+        row = self._row_sharding(num_slots)
+        return DecodeState(
+            cache=kv_cache_shardings(self.config, num_slots, length, self.mesh),
+            tokens=row,
+            positions=row,
+            active=row,
+            num_generated=row,
+            max_new_tokens=row,
+            seeds=row,
+            temperature=row,
+            top_k=row,
+            top_p=row,
+            stop_ids=self._row_sharding(num_slots, self.max_stop_tokens),
+        )
+
+    def _get_jitted(self, kind: str, num_slots: int, length: int, extra: tuple = ()):
+        key = (kind, num_slots, length, *extra)
+        if key in self._jitted:
+            return self._jitted[key]
+        kwargs: dict = {}
+        if kind == "init":
+            fn = lambda: self._init_impl(num_slots, length)  # noqa: E731
+        elif kind == "prefill":
+            fn = self._prefill_impl
+            kwargs["donate_argnums"] = (1,)
+        else:
+            (num_steps,) = extra
+            fn = lambda params, state: self._decode_impl(params, state, num_steps)  # noqa: E731
+            kwargs["donate_argnums"] = (1,)
+        if self.mesh is not None:
+            state_sh = self._state_shardings(num_slots, length)
+            replicated = named_sharding(self.mesh, (), ())
+            if kind == "init":
+                kwargs["out_shardings"] = state_sh
+            elif kind == "prefill":
+                n, p = extra
+                kwargs["in_shardings"] = (
+                    self._param_shardings,
+                    state_sh,
+                    self._row_sharding(n, p),
+                    self._row_sharding(n),
+                    self._row_sharding(n),
+                    RowSettings(
+                        *(self._row_sharding(n),) * 5, self._row_sharding(n, self.max_stop_tokens)
+                    ),
+                )
+                kwargs["out_shardings"] = (state_sh, replicated, replicated, replicated)
+            else:
+                kwargs["in_shardings"] = (self._param_shardings, state_sh)
+                kwargs["out_shardings"] = (state_sh, replicated, replicated, replicated)
+        self._jitted[key] = jax.jit(fn, **kwargs)
+        return self._jitted[key]
+
+    def _call(self, fn, *args):
+        if self.mesh is None:
+            return fn(*args)
+        with jax.set_mesh(self.mesh):
+            return fn(*args)
+
+    # ------------------------------------------------------------------------ slot API
+    def init_state(self, num_slots: int, cache_len: int) -> DecodeState:
+        """An empty decode state: `num_slots` inactive slots of `cache_len` positions each."""
+        return self._call(self._get_jitted("init", num_slots, cache_len))
+
+    def _row_settings(self, sampling: Sequence[SamplingParams], n: int) -> RowSettings:
+        pad = [sampling[-1]] * (n - len(sampling))
+        rows = list(sampling) + pad
+        stop = np.full((n, self.max_stop_tokens), -1, np.int32)
+        for i, s in enumerate(rows):
+            if len(s.stop_token_ids) > self.max_stop_tokens:
+                raise ValueError(
+                    f"{len(s.stop_token_ids)} stop tokens > max_stop_tokens={self.max_stop_tokens}"
+                )
+            stop[i, : len(s.stop_token_ids)] = s.stop_token_ids
+        return RowSettings(
+            max_new_tokens=np.array([s.max_new_tokens for s in rows], np.int32),
+            seeds=np.array([s.seed % 2**32 for s in rows], np.uint32),
+            temperature=np.array([s.temperature for s in rows], np.float32),
+            top_k=np.array([s.top_k for s in rows], np.int32),
+            top_p=np.array([s.top_p for s in rows], np.float32),
+            stop_ids=stop,
+        )
+
+    def prefill(
+        self,
+        state: DecodeState,
+        prompts: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
+    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        """Load `prompts` into `slots` (replacing whatever was there) and sample their first token.
+
+        `state` is donated: use the returned one. Returns (state, first_tokens [n],
+        first_logprobs [n], finished [n] bool).
+        """
+        n = len(prompts)
+        if n == 0 or len(slots) != n:
+            raise ValueError(f"need one slot per prompt, got {n} prompts and {len(slots)} slots")
+        sampling = [sampling] * n if isinstance(sampling, SamplingParams) else list(sampling)
+        if len(sampling) != n:
+            raise ValueError(f"got {len(sampling)} SamplingParams for {n} prompts")
+        if len(set(slots)) != n:
+            raise ValueError(f"slots must be distinct, got {list(slots)}")
+        num_slots, cache_len = state.cache.num_slots, state.cache.length
+        lengths = [len(p) for p in prompts]
+        vocab = self.config.vocab_size
+        for i, (prompt, slot, s) in enumerate(zip(prompts, slots, sampling, strict=True)):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
+            if not 0 <= slot < num_slots:
+                raise ValueError(f"slot {slot} of prompt {i} is outside [0, {num_slots})")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={vocab})")
+            if len(prompt) + s.max_new_tokens - 1 > cache_len:
+                raise ValueError(
+                    f"prompt {i}: {len(prompt)} prompt + {s.max_new_tokens} new tokens do not fit "
+                    f"a cache of {cache_len} positions"
+                )
+        p = min(bucket(max(lengths), self.min_prompt_bucket), cache_len)
+        rows = bucket(n, 1)
+        tokens = np.full((rows, p), self.pad_id, np.int32)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = prompt
+        lengths_arr = np.ones((rows,), np.int32)
+        lengths_arr[:n] = lengths
+        slots_arr = np.full((rows,), num_slots, np.int32)  # padding rows write nowhere
+        slots_arr[:n] = slots
+        fn = self._get_jitted("prefill", num_slots, cache_len, (rows, p))
+        state, first, logp, finished = self._call(
+            fn,
+            self.params,
+            state,
+            tokens,
+            lengths_arr,
+            slots_arr,
+            self._row_settings(sampling, rows),
+        )
+        return state, np.asarray(first)[:n], np.asarray(logp)[:n], np.asarray(finished)[:n]
+
+    def decode(
+        self, state: DecodeState, num_steps: int
+    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        """Advance every active slot by up to `num_steps` tokens in one jitted while-loop.
+
+        `state` is donated. Returns (state, tokens [B, num_steps], logprobs [B, num_steps],
+        emitted [B, num_steps] bool); the loop stops early once no slot is active.
+        """
+        fn = self._get_jitted("decode", state.cache.num_slots, state.cache.length, (num_steps,))
+        state, tokens, logp, emitted = self._call(fn, self.params, state)
+        return state, np.asarray(tokens), np.asarray(logp), np.asarray(emitted)
+
+    # ------------------------------------------------------------------------- batch API
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
+    ) -> SampleResult:
+        """Sample a continuation of every prompt (a batch of different lengths)."""
+        n = len(prompts)
+        if n == 0:
+            raise ValueError("generate needs at least one prompt")
+        sampling = [sampling] * n if isinstance(sampling, SamplingParams) else list(sampling)
+        if len(sampling) != n:
+            raise ValueError(f"got {len(sampling)} SamplingParams for {n} prompts")
+        longest_prompt = max((len(p) for p in prompts), default=0)
+        max_new = max(s.max_new_tokens for s in sampling)
+        p = bucket(longest_prompt, self.min_prompt_bucket)
+        new = bucket(max_new, self.min_new_tokens_bucket)
+        slots = bucket(n, 1)
+        state = self.init_state(slots, p + new)
+        version = self.policy_version
+        state, first, first_logp, _ = self.prefill(state, prompts, list(range(n)), sampling)
+        # Bucketed step count: the loop exits as soon as every row has finished.
+        state, tokens, logp, emitted = self.decode(state, new - 1)
+        del state
+        tokens, logp, emitted = (
+            tokens[:, : max_new - 1],
+            logp[:, : max_new - 1],
+            emitted[:, : max_new - 1],
+        )
+        # A slot stays active until it finishes, so its emitted steps are a prefix.
+        out_tokens = np.concatenate([first[:, None], tokens[:n]], axis=1)
+        out_logp = np.concatenate([first_logp[:, None], logp[:n]], axis=1)
+        lengths = 1 + emitted[:n].sum(axis=1)
+        live = np.arange(max_new)[None, :] < lengths[:, None]
+        out_tokens = np.where(live, out_tokens, self.pad_id).astype(np.int32)
+        out_logp = np.where(live, out_logp, 0.0).astype(np.float32)
+        reasons = tuple(
+            "stop" if out_tokens[i, lengths[i] - 1] in sampling[i].stop_token_ids else "length"
+            for i in range(n)
+        )
+        return SampleResult(out_tokens, out_logp, lengths.astype(np.int32), reasons, version)
