@@ -14,7 +14,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -81,6 +81,27 @@ def to_json(record: Any, path: str = "") -> Any:
     return check_json_value(record, path or "value")
 
 
+def to_json_unchecked(record: Any, strings: list[str] | None = None) -> dict:
+    """`to_json` without the JSON-value checks of free-form fields (the writer's hot path).
+
+    Free-form values (`observation`, tool arguments, ...) are passed through by reference; a
+    non-JSON value surfaces when the result is serialized, and `dumps_record` then re-encodes
+    with `to_json` to name the field. With `strings`, every text the record carries (string
+    fields and every key and string inside free-form values; not enum values or field names) is
+    appended to it, for redaction.
+    """
+    return _encoder(type(record))(record, [] if strings is None else strings)
+
+
+def dumps_record(data: Any, record: Any) -> bytes:
+    """Serializes `data` (an unchecked encoding of `record`), naming the bad field on failure."""
+    try:
+        return dumps(data)
+    except (TypeError, ValueError):
+        to_json(record)  # raises a SchemaError with the field's path
+        raise
+
+
 def from_json(cls: type, data: Any, path: str = "") -> Any:
     """Decodes JSON values into `cls` (a schema dataclass), checking every field's type."""
     return _decode(cls, data, path or cls.__name__)
@@ -129,6 +150,83 @@ def loads(raw: bytes, path: str) -> Any:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SchemaError(f"{path}: stored record is not valid JSON ({err})") from err
+
+
+_Step = Callable[[Any, list], dict]
+
+
+@functools.cache
+def _encoder(cls: type) -> _Step:
+    """A generated encoder for one dataclass (fields resolved once from its type hints).
+
+    Generated source rather than a loop over fields: the writer encodes every event, and a
+    straight-line function is several times faster. Fields equal to their default are left out
+    (decoding fills them back in), which also keeps the stored payloads small.
+    """
+    hints = _hints(cls)
+    env: dict[str, Any] = {"collect": collect_strings}
+    body = ["def encode(r, s):", "    d = {}"]
+    for i, field in enumerate(dataclasses.fields(cls)):
+        if cls is schema.LLMCall and field.name in _LLM_ARRAY_FIELDS:
+            continue
+        var = f"v{i}"
+        convert = _value_code(hints[field.name], var, env)
+        body.append(f"    {var} = r.{field.name}")
+        if field.default is not dataclasses.MISSING:
+            env[f"default{i}"] = field.default
+            body.append(f"    if {var} is not default{i} and {var} != default{i}:")
+            body += [f"        {line}" for line in convert]
+            body.append(f"        d[{field.name!r}] = {var}")
+        elif field.default_factory is not dataclasses.MISSING:
+            body += [f"    {line}" for line in convert]
+            body.append(f"    if {var}:")
+            body.append(f"        d[{field.name!r}] = {var}")
+        else:
+            body += [f"    {line}" for line in convert]
+            body.append(f"    d[{field.name!r}] = {var}")
+    body.append("    return d")
+    exec("\n".join(body), env)
+    return env["encode"]
+
+
+def _value_code(tp: Any, var: str, env: dict[str, Any]) -> list[str]:
+    """Statements turning `var` into its JSON value, appending its text to `s`."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return [f"if {var} is not None:", *(f"    {line}" for line in _value_code(inner, var, env))]
+    if dataclasses.is_dataclass(tp):
+        env[f"encode_{tp.__name__}"] = _encoder(tp)
+        return [f"{var} = encode_{tp.__name__}({var}, s)"]
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return [f"{var} = {var}.value"]
+    if origin is tuple:
+        (inner, _) = typing.get_args(tp)
+        if dataclasses.is_dataclass(inner):
+            env[f"encode_{inner.__name__}"] = _encoder(inner)
+            return [f"{var} = [encode_{inner.__name__}(x, s) for x in {var}]"]
+        return [f"collect({var}, s)", f"{var} = list({var})"]
+    if tp in (int, float):  # numpy scalars pass validation but not json.dumps
+        return [f"{var} = {tp.__name__}({var})"]
+    if tp is str:
+        return [f"s.append({var})"]
+    if tp is bool:
+        return []
+    return [f"collect({var}, s)"]
+
+
+def collect_strings(value: Any, out: list[str]) -> None:
+    """Appends every string inside a JSON value (object keys included) to `out`."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str):
+                out.append(key)
+            collect_strings(item, out)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            collect_strings(item, out)
 
 
 def _join(path: str, name: str) -> str:

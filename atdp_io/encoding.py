@@ -15,7 +15,8 @@ import numpy as np
 
 from atdp_io import codec, layout
 from atdp_io.index import float_bits
-from atdp_io.layout import AnnotationKind, Col, RecordKind
+from atdp_io.layout import AnnotationKind, RecordKind
+from atdp_io.redaction import RedactionReport, Redactor
 from atdp_io.schema import (
     Annotation,
     Critique,
@@ -23,6 +24,7 @@ from atdp_io.schema import (
     EventKind,
     GovernanceUpdate,
     LateReward,
+    LLMCall,
     Outcome,
     RedactionStatus,
     TrajectoryHeader,
@@ -46,7 +48,7 @@ class EncodedRecord:
     traj_row: int
     meta: bytes
     event: int = -1
-    streams: dict[str, np.ndarray] | None = None
+    streams: dict[str, tuple[np.ndarray, ...]] | None = None  # pieces, concatenated at commit
     lengths: tuple[int, int, int] = (0, 0, 0)  # prefix (not stored), stored input, output
     versions: tuple[int, int] = (-1, -1)
     value: float = 0.0
@@ -57,17 +59,21 @@ class EncodedRecord:
     def n_tokens(self) -> int:
         return self.lengths[1] + self.lengths[2]
 
-    def row(self, token_start: int, meta_start: int) -> np.ndarray:
-        """`[N_COLUMNS] int64`: the record-table row once positions are known."""
-        record = np.zeros(layout.N_COLUMNS, np.int64)
-        record[Col.KIND], record[Col.TRAJ], record[Col.EVENT] = self.kind, self.traj_row, self.event
-        record[Col.TOKEN_START] = token_start
-        record[Col.PREFIX_LEN], record[Col.INPUT_LEN], record[Col.OUTPUT_LEN] = self.lengths
-        record[Col.META_START], record[Col.META_LEN] = meta_start, len(self.meta)
-        record[Col.MIN_VERSION], record[Col.MAX_VERSION] = self.versions
-        record[Col.VALUE], record[Col.SUBKIND] = float_bits(self.value), self.subkind
-        record[Col.REDACTION] = layout.REDACTION_CODES[self.redaction]
-        return record
+    def row(self, token_start: int, meta_start: int) -> tuple[int, ...]:
+        """The record-table row (`N_COLUMNS` ints, in `Col` order) once positions are known."""
+        return (
+            self.kind,
+            self.traj_row,
+            self.event,
+            token_start,
+            *self.lengths,
+            meta_start,
+            len(self.meta),
+            *self.versions,
+            float_bits(self.value),
+            self.subkind,
+            layout.REDACTION_CODES[self.redaction],
+        )
 
 
 def encode_open(header: TrajectoryHeader, traj_row: int) -> EncodedRecord:
@@ -75,34 +81,53 @@ def encode_open(header: TrajectoryHeader, traj_row: int) -> EncodedRecord:
     return EncodedRecord(
         RecordKind.OPEN,
         traj_row,
-        codec.dumps(codec.to_json(header)),
+        codec.dumps_record(codec.to_json_unchecked(header), header),
         value=math.nan if expires is None else expires,
         redaction=header.governance.redaction,
     )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedEvent:
+    """An event after redaction, serialized: everything but its position and token prefix."""
+
+    event: Event
+    meta: bytes
+    llm: LLMCall | None
+    redaction: RedactionStatus
+
+
+def prepare_event(event: Event, redactor: Redactor) -> tuple[PreparedEvent, RedactionReport]:
+    """Redacts and serializes an event (no shared state: runs outside the writer's lock)."""
+    payload, llm, report = redactor.prepare_event(event)
+    meta = codec.dumps_record(payload, event)
+    return PreparedEvent(event, meta, llm, report.status), report
+
+
 def encode_event(
-    event: Event, traj_row: int, event_index: int, previous_context: np.ndarray | None
+    prepared: PreparedEvent,
+    traj_row: int,
+    event_index: int,
+    previous_context: np.ndarray | None,
 ) -> tuple[EncodedRecord, np.ndarray | None]:
     """The event's record and the context (`[P + N]` ids) the next LLM call is compared with."""
-    meta = codec.dumps(codec.event_to_json(event))
+    event, meta, llm = prepared.event, prepared.meta, prepared.llm
     fields = {
         "event": event_index,
         "value": float(sum(r.value for r in event.rewards)),
         "subkind": _EVENT_KIND_CODE[event.kind],
-        "redaction": event.redaction,
+        "redaction": prepared.redaction,
     }
-    llm = event.llm
     if llm is None:
         return EncodedRecord(RecordKind.EVENT, traj_row, meta, **fields), previous_context
     prefix = common_prefix(previous_context, llm.input_ids)
     suffix = llm.input_ids[prefix:]
     n_in, n_out = suffix.shape[0], llm.output_ids.shape[0]
     streams = {
-        "tokens": np.concatenate([suffix, llm.output_ids]),
-        "logprobs": np.concatenate([np.zeros(n_in, np.float32), llm.output_logprobs]),
-        "loss_mask": np.concatenate([np.zeros(n_in, np.int8), llm.loss_mask]),
-        "versions": np.concatenate([np.full(n_in, -1, np.int32), llm.output_versions]),
+        "tokens": (suffix, llm.output_ids),
+        "logprobs": (_filled(n_in, np.float32, 0), llm.output_logprobs),
+        "loss_mask": (_filled(n_in, np.int8, 0), llm.loss_mask),
+        "versions": (_filled(n_in, np.int32, -1), llm.output_versions),
     }
     versions = (-1, -1)
     if n_out:
@@ -138,6 +163,20 @@ def encode_annotation(note: Annotation, traj_row: int) -> EncodedRecord:
 def encode_purge(traj_row: int, reason: str, timestamp: float) -> EncodedRecord:
     payload = codec.dumps({"reason": reason, "timestamp": timestamp})
     return EncodedRecord(RecordKind.PURGE, traj_row, payload)
+
+
+_FILLED: dict[tuple, np.ndarray] = {}
+
+
+def _filled(n: int, dtype: type, value: int) -> np.ndarray:
+    """A read-only `[n]` view of a constant array (no allocation per record)."""
+    key = (np.dtype(dtype).str, value)
+    buffer = _FILLED.get(key)
+    if buffer is None or buffer.shape[0] < n:
+        buffer = np.full(max(n, 2 * (0 if buffer is None else buffer.shape[0]), 4096), value, dtype)
+        buffer.flags.writeable = False
+        _FILLED[key] = buffer
+    return buffer[:n]
 
 
 def common_prefix(previous: np.ndarray | None, current: np.ndarray) -> int:

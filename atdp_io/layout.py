@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from enum import IntEnum
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorstore as ts
 
 from atdp_io.schema import RedactionStatus
@@ -96,7 +97,7 @@ class StoreConfig:
     chunk of every array; large chunks favour bulk appends and reads.
     """
 
-    token_chunk: int = 1 << 16
+    token_chunk: int = 1 << 14
     meta_chunk: int = 1 << 18
     record_chunk: int = 1024
     compression: str | None = None  # None or "zstd"
@@ -194,6 +195,51 @@ def open_arrays(
             spec = {"driver": "zarr3", "kvstore": spec["kvstore"]}
         futures.append(ts.open(spec, create=create, open=True, context=context))
     return PartitionArrays(*(f.result() for f in futures))
+
+
+def write_tail(
+    arrays: PartitionArrays,
+    head: Head,
+    records: np.ndarray,
+    meta: np.ndarray,
+    streams: Mapping[str, np.ndarray],
+) -> None:
+    """Writes data just past `head` in every array as one transaction, durable on return.
+
+    `records [k, N_COLUMNS] int64`, `meta [m] uint8`, `streams`: TOKEN_STREAMS name -> `[n]`
+    (all present or all absent). Nothing written here is visible until the head moves.
+    """
+    txn = ts.Transaction()
+    writes = [
+        _write(arrays.records, txn, head.records, records),
+        _write(arrays.meta, txn, head.meta_bytes, meta),
+    ]
+    writes += [_write(getattr(arrays, n), txn, head.tokens, data) for n, data in streams.items()]
+    for future in writes:
+        future.result()
+    txn.commit_sync()
+
+
+def erase_records(arrays: PartitionArrays, records: np.ndarray) -> None:
+    """Overwrites the payload bytes and token streams of `records [k, N_COLUMNS]` with zeros."""
+    txn = ts.Transaction()
+    writes = []
+    for rec in records:
+        start, length = int(rec[Col.META_START]), int(rec[Col.META_LEN])
+        if length:
+            writes.append(_write(arrays.meta, txn, start, np.zeros(length, np.uint8)))
+        n_tokens = int(rec[Col.INPUT_LEN] + rec[Col.OUTPUT_LEN])
+        for name in TOKEN_STREAMS if n_tokens else ():
+            array = getattr(arrays, name)
+            zeros = np.zeros(n_tokens, array.dtype.numpy_dtype)
+            writes.append(_write(array, txn, int(rec[Col.TOKEN_START]), zeros))
+    for future in writes:
+        future.result()
+    txn.commit_sync()
+
+
+def _write(array: ts.TensorStore, txn: ts.Transaction, start: int, data: np.ndarray):
+    return array.with_transaction(txn)[start : start + data.shape[0]].write(data)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from atdp_io import schema
+from atdp_io import codec, schema
 from atdp_io.schema import RedactionStatus
 
 _BUILTIN_PATTERNS: dict[str, str] = {
@@ -44,6 +44,39 @@ _BUILTIN_PATTERNS: dict[str, str] = {
         r"(?!\w)"
     ),
 }
+
+
+# Necessary conditions for the built-in detectors, checked with C-speed substring tests before
+# any regex runs: a literal every match contains (case-sensitive or lower-cased), or a run of
+# digits and separators (phone numbers: >= 9 characters starting with a digit, "(" or "+";
+# card numbers: >= 13 digits).
+_TRIGGERS = (
+    "@",
+    "eyJ",
+    "sk-",
+    "AKIA",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "xox",
+    "AIza",
+    "hf_",
+)
+_LOWER_TRIGGERS = ("bearer", "api", "secret", "token", "passw")
+_DIGIT_RUN = re.compile(r"[\d(+][\d\s().+-]{8,}")
+
+
+def _builtin_might_match(text: str) -> bool:
+    for trigger in _TRIGGERS:
+        if trigger in text:
+            return True
+    lowered = text.lower()
+    for trigger in _LOWER_TRIGGERS:
+        if trigger in lowered:
+            return True
+    return _DIGIT_RUN.search(text) is not None
 
 
 class Tokenizer(Protocol):
@@ -108,6 +141,8 @@ class Redactor:
             patterns[name] = pattern
         # One alternation, so a string is scanned once; earlier detectors win on overlaps.
         self._regex = re.compile("|".join(f"(?P<{n}>{p})" for n, p in patterns.items()))
+        # User patterns have no cheap necessary condition: with any, every text is scanned.
+        self._custom = bool(extra_patterns)
         self._tokenizer = tokenizer
 
     def redact_text(self, text: str, report: RedactionReport) -> str:
@@ -150,14 +185,41 @@ class Redactor:
         return dataclasses.replace(redacted, governance=governance)
 
     def redact_event(self, event: schema.Event) -> tuple[schema.Event, RedactionReport]:
-        report = RedactionReport(tokens_scanned=event.llm is None or self._tokenizer is not None)
-        llm = event.llm
-        text_fields = _map_strings(event, lambda s: self.redact_text(s, report), skip=("llm",))
+        """The event as it may be stored, and what was found."""
+        payload, llm, report = self.prepare_event(event)
+        arrays = None
         if llm is not None:
-            llm = _map_strings(llm, lambda s: self.redact_text(s, report))
-            if self._tokenizer is not None:
-                llm = self._redact_tokens(llm, report)
-        return dataclasses.replace(text_fields, llm=llm, redaction=report.status), report
+            arrays = codec.LLMArrays(*(getattr(llm, name) for name in codec.LLMArrays._fields))
+        return codec.event_from_json(payload, arrays), report
+
+    def prepare_event(
+        self, event: schema.Event
+    ) -> tuple[dict, schema.LLMCall | None, RedactionReport]:
+        """The event's redacted JSON payload (status filled in) and its storable LLM call.
+
+        The writer's hot path: strings are gathered and scanned in one pass, and only an event
+        with a finding is rebuilt.
+        """
+        report = RedactionReport(tokens_scanned=event.llm is None or self._tokenizer is not None)
+        strings: list[str] = []
+        payload = codec.to_json_unchecked(event, strings)
+        if self.might_match("\x00".join(strings)):
+            payload = self.redact_json(payload, report)
+        llm = event.llm
+        if llm is not None and self._tokenizer is not None:
+            llm = self._redact_tokens(llm, report)
+        payload["redaction"] = report.status.value
+        return payload, llm, report
+
+    def might_match(self, text: str) -> bool:
+        """False only when no detector can match `text` (cheap literal checks first).
+
+        Callers join many strings with NUL: joining can add a spurious cross-string match but
+        never hide a real one, and any hit sends the record through the exact per-string pass.
+        """
+        if not (self._custom or _builtin_might_match(text)):
+            return False
+        return self._regex.search(text) is not None
 
     def redact_annotation(self, note: schema.Annotation) -> schema.Annotation:
         report = RedactionReport()

@@ -24,6 +24,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ import tensorstore as ts
 from atdp_io import encoding, layout
 from atdp_io.governance import is_expired
 from atdp_io.index import PartitionIndex
-from atdp_io.layout import Col, Head
+from atdp_io.layout import Head
 from atdp_io.locking import acquire_writer_lock, release_writer_lock
 from atdp_io.reader import read_head, sync_index
 from atdp_io.redaction import Redactor
@@ -46,6 +47,7 @@ from atdp_io.schema import (
     Trajectory,
     TrajectoryHeader,
 )
+from atdp_io.session import TrajectorySession
 
 _WRITER_CACHE_BYTES = 64 << 20  # keeps tail chunks cached so small commits skip re-reading them
 
@@ -70,7 +72,7 @@ class _TrajState:
 class _Staged:
     """Records staged for commit; contiguous with the previous staged batch in every array."""
 
-    records: list[np.ndarray] = dataclasses.field(default_factory=list)
+    records: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     meta: list[bytes] = dataclasses.field(default_factory=list)
     streams: dict[str, list[np.ndarray]] = dataclasses.field(
         default_factory=lambda: {name: [] for name in layout.TOKEN_STREAMS}
@@ -111,6 +113,8 @@ class PartitionWriter:
         self._durable_ticket = 0
         self._failure: BaseException | None = None
         self._closed = False
+        self._committer: ThreadPoolExecutor | None = None
+        self._in_flight: list[Future] = []
         self.stats = {"commits": 0, "records": 0, "tokens": 0, "redaction_findings": 0}
 
     # ---------------------------------------------------------------- public API
@@ -121,24 +125,38 @@ class PartitionWriter:
         A trajectory without an outcome stays open (resume it with `resume`). Its annotations
         are written as late records after its events.
         """
-        prepared = []
-        for traj in trajectories:
-            header = self._redact_header(traj.header)
-            events = [self._redact_event(e) for e in traj.events]
-            notes = [self._redactor.redact_annotation(a) for a in traj.annotations]
-            prepared.append((header, events, traj.outcome, notes))
-        with self._state_lock:
-            self._check_usable()
-            ids = [self._stage_trajectory(*item) for item in prepared]
-            ticket = self._staged_ticket
+        ids, ticket = self._stage_trajectories(trajectories)
         self._commit_through(ticket)
         return ids
+
+    def append_async(self, trajectories: Iterable[Trajectory]) -> Future[list[str]]:
+        """`append` that returns once the trajectories are validated and staged.
+
+        The future resolves to their ids when they are durable (or raises the commit's error).
+        Commits run on one background thread, so the caller prepares its next batch while the
+        previous one is on its way to disk, and batches staged meanwhile share one commit.
+        """
+        ids, ticket = self._stage_trajectories(trajectories)
+        with self._state_lock:
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(1, thread_name_prefix="atdp-commit")
+            future = self._committer.submit(self._commit_through, ticket)
+            self._in_flight.append(future)
+        return _chain(future, ids)
+
+    def flush(self) -> None:
+        """Waits until every `append_async` so far is durable; raises the first failure."""
+        with self._state_lock:
+            in_flight, self._in_flight = self._in_flight, []
+        for future in in_flight:
+            future.result()
 
     def open_trajectory(self, header: TrajectoryHeader) -> TrajectorySession:
         """Starts an incremental trajectory; its header is durable when this returns."""
         header = self._redact_header(header)
         with self._state_lock:
             self._check_usable()
+            self._check_new(header, set())
             self._stage_open(header)
             ticket = self._staged_ticket
         self._commit_through(ticket)
@@ -178,6 +196,8 @@ class PartitionWriter:
         redacted = [self._redactor.redact_annotation(a) for a in annotations]
         with self._state_lock:
             self._check_usable()
+            for note in redacted:  # all or nothing: check before staging
+                _check_event_index(note, self._state(note.trajectory_id).n_events)
             for note in redacted:
                 self._stage_annotation(note)
             ticket = self._staged_ticket
@@ -221,7 +241,8 @@ class PartitionWriter:
         self._commit_through(ticket)
         with self._commit_lock:
             index = self._synced_index()
-            self._erase([index.records[_rows_of(index.by_row[row])] for row in rows])
+            erased = np.concatenate([index.records[_rows_of(index.by_row[row])] for row in rows])
+            layout.erase_records(self._arrays, erased)
         return ids
 
     def purge_expired(self, now: float | None = None) -> list[str]:
@@ -235,9 +256,15 @@ class PartitionWriter:
         return self.purge(expired, reason="retention expired") if expired else []
 
     def close(self) -> None:
-        """Releases the partition lock (every returned call is already durable)."""
-        if not self._closed:
+        """Waits for asynchronous appends, then releases the partition lock."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
             self._closed = True
+            if self._committer is not None:
+                self._committer.shutdown(wait=True)
             release_writer_lock(self._lock_file)
 
     def __enter__(self) -> PartitionWriter:
@@ -290,6 +317,26 @@ class PartitionWriter:
             raise WriterError(f"trajectory {trajectory_id!r} is closed (or purged)")
         return state
 
+    def _stage_trajectories(self, trajectories: Iterable[Trajectory]) -> tuple[list[str], int]:
+        """Redacts and serializes outside the lock, then stages; returns (ids, ticket)."""
+        prepared = []
+        for traj in trajectories:
+            if not isinstance(traj, Trajectory):
+                raise SchemaError(f"append: expected Trajectory, got {type(traj).__name__}")
+            header = self._redact_header(traj.header)
+            events = [self._redact_event(e) for e in traj.events]
+            notes = [self._redactor.redact_annotation(a) for a in traj.annotations]
+            prepared.append((header, events, traj.outcome, notes))
+        with self._state_lock:
+            self._check_usable()
+            seen: set[str] = set()
+            for header, events, _, notes in prepared:  # all or nothing: check before staging
+                self._check_new(header, seen)
+                for note in notes:
+                    _check_event_index(note, len(events))
+            ids = [self._stage_trajectory(*item) for item in prepared]
+            return ids, self._staged_ticket
+
     def _stage_trajectory(self, header, events, outcome, notes) -> str:
         state = self._stage_open(header)
         for event in events:
@@ -300,20 +347,23 @@ class PartitionWriter:
             self._stage_annotation(note)
         return header.trajectory_id
 
-    def _stage_open(self, header: TrajectoryHeader) -> _TrajState:
+    def _check_new(self, header: TrajectoryHeader, seen: set[str]) -> None:
         if header.governance.tenant != self.tenant:
             raise SchemaError(
                 f"header.governance.tenant: {header.governance.tenant!r} does not match the "
                 f"partition {self.tenant!r}"
             )
-        if header.trajectory_id in self._states:
+        if header.trajectory_id in self._states or header.trajectory_id in seen:
             raise SchemaError(f"header.trajectory_id: {header.trajectory_id!r} already exists")
+        seen.add(header.trajectory_id)
+
+    def _stage_open(self, header: TrajectoryHeader) -> _TrajState:
         state = _TrajState(row=self._next["records"], n_events=0, closed=False)
         self._stage(encoding.encode_open(header, state.row))
         self._states[header.trajectory_id] = state
         return state
 
-    def _stage_event(self, state: _TrajState, event: Event) -> int:
+    def _stage_event(self, state: _TrajState, event: encoding.PreparedEvent) -> int:
         index = state.n_events
         record, state.last_context = encoding.encode_event(
             event, state.row, index, state.last_context
@@ -327,14 +377,7 @@ class PartitionWriter:
         state.closed = True
 
     def _stage_annotation(self, note: Annotation) -> None:
-        state = self._state(note.trajectory_id)
-        event_index = getattr(note, "event_index", None)
-        if event_index is not None and event_index >= state.n_events:
-            raise SchemaError(
-                f"{type(note).__name__}.event_index: {event_index} is past the last event "
-                f"({state.n_events} events) of {note.trajectory_id!r}"
-            )
-        self._stage(encoding.encode_annotation(note, state.row))
+        self._stage(encoding.encode_annotation(note, self._state(note.trajectory_id).row))
 
     def _stage(self, record: encoding.EncodedRecord) -> None:
         """Queues a record at the next free positions of every array."""
@@ -342,7 +385,7 @@ class PartitionWriter:
         self._pending.meta.append(record.meta)
         if record.streams is not None:
             for name in layout.TOKEN_STREAMS:
-                self._pending.streams[name].append(record.streams[name])
+                self._pending.streams[name].extend(record.streams[name])
             self._next["tokens"] += record.n_tokens
         self._next["records"] += 1
         self._next["meta"] += len(record.meta)
@@ -378,22 +421,11 @@ class PartitionWriter:
                 raise WriterFencedError(
                     f"partition {self.tenant!r} was taken over by another writer; stop this one"
                 )
-        records = np.stack(staged.records)
+        records = np.array(staged.records, np.int64)
         meta = np.frombuffer(b"".join(staged.meta), np.uint8)
-        txn = ts.Transaction()
-        writes = [
-            _write(self._arrays.records, txn, head.records, records),
-            _write(self._arrays.meta, txn, head.meta_bytes, meta),
-        ]
-        n_tokens = 0
-        for name in layout.TOKEN_STREAMS:
-            if staged.streams[name]:
-                data = np.concatenate(staged.streams[name])
-                n_tokens = data.shape[0]
-                writes.append(_write(getattr(self._arrays, name), txn, head.tokens, data))
-        for future in writes:
-            future.result()
-        txn.commit_sync()
+        streams = {n: np.concatenate(p) for n, p in staged.streams.items() if p}
+        layout.write_tail(self._arrays, head, records, meta, streams)
+        n_tokens = streams["tokens"].shape[0] if streams else 0
         new_head = dataclasses.replace(
             head,
             records=new_lengths["records"],
@@ -422,25 +454,6 @@ class PartitionWriter:
             )
         return generation
 
-    def _erase(self, record_sets: list[np.ndarray]) -> None:
-        """Overwrites the payload bytes and token streams of committed records with zeros."""
-        txn = ts.Transaction()
-        writes = []
-        for records in record_sets:
-            for rec in records:
-                start, length = int(rec[Col.META_START]), int(rec[Col.META_LEN])
-                if length:
-                    writes.append(_write(self._arrays.meta, txn, start, np.zeros(length, np.uint8)))
-                n_tokens = int(rec[Col.INPUT_LEN] + rec[Col.OUTPUT_LEN])
-                if n_tokens:
-                    for name in layout.TOKEN_STREAMS:
-                        array = getattr(self._arrays, name)
-                        zeros = np.zeros(n_tokens, array.dtype.numpy_dtype)
-                        writes.append(_write(array, txn, int(rec[Col.TOKEN_START]), zeros))
-        for future in writes:
-            future.result()
-        txn.commit_sync()
-
     # ---------------------------------------------------------------- redaction
 
     def _redact_header(self, header: TrajectoryHeader) -> TrajectoryHeader:
@@ -448,52 +461,40 @@ class PartitionWriter:
             raise SchemaError("header: expected TrajectoryHeader")
         return self._redactor.redact_header(header)
 
-    def _redact_event(self, event: Event) -> Event:
+    def _redact_event(self, event: Event) -> encoding.PreparedEvent:
         if not isinstance(event, Event):
             raise SchemaError(f"event: expected Event, got {type(event).__name__}")
-        redacted, report = self._redactor.redact_event(event)
-        self.stats["redaction_findings"] += sum(report.findings.values())
-        return redacted
+        prepared, report = encoding.prepare_event(event, self._redactor)
+        if report.findings:
+            with self._state_lock:
+                self.stats["redaction_findings"] += sum(report.findings.values())
+        return prepared
 
 
-class TrajectorySession:
-    """An open trajectory being written event by event; each call is durable on return.
+def _check_event_index(note: Annotation, n_events: int) -> None:
+    event_index = getattr(note, "event_index", None)
+    if event_index is not None and event_index >= n_events:
+        raise SchemaError(
+            f"{type(note).__name__}.event_index: {event_index} is past the last event "
+            f"({n_events} events) of {note.trajectory_id!r}"
+        )
 
-    Used as a context manager, an exception inside the block closes the trajectory as truncated
-    with the error class recorded.
-    """
 
-    def __init__(self, writer: PartitionWriter, trajectory_id: str):
-        self._writer = writer
-        self.trajectory_id = trajectory_id
+def _chain(future: Future, ids: list[str]) -> Future[list[str]]:
+    """A future of `ids` that resolves (or fails) with `future`."""
+    out: Future[list[str]] = Future()
 
-    def append_event(self, event: Event) -> int:
-        return self._writer.append_events(self.trajectory_id, [event])[0]
-
-    def append_events(self, events: Sequence[Event]) -> list[int]:
-        return self._writer.append_events(self.trajectory_id, events)
-
-    def add_reward(self, value: float, *, event_index: int | None = None, source: str = "late"):
-        self._writer.add_reward(self.trajectory_id, value, event_index=event_index, source=source)
-
-    def close(self, outcome: Outcome | None = None) -> None:
-        self._writer.close_trajectory(self.trajectory_id, outcome or Outcome())
-
-    def __enter__(self) -> TrajectorySession:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
+    def done(finished: Future) -> None:
+        error = finished.exception()
+        if error is None:
+            out.set_result(ids)
         else:
-            info = {"error_class": exc_type.__name__}
-            self.close(Outcome(success=False, terminated=False, info=info))
+            out.set_exception(error)
+
+    future.add_done_callback(done)
+    return out
 
 
 def _rows_of(entry) -> list[int]:
     rows = [entry.row, *entry.event_rows, *entry.annotation_rows]
     return rows + ([entry.close_row] if entry.closed else [])
-
-
-def _write(array: ts.TensorStore, txn: ts.Transaction, start: int, data: np.ndarray):
-    return array.with_transaction(txn)[start : start + data.shape[0]].write(data)
