@@ -9,7 +9,7 @@ TensorStore batch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,9 +17,10 @@ import tensorstore as ts
 
 from atdp_io import codec, layout
 from atdp_io.access import AccessDenied
-from atdp_io.index import PartitionIndex, TrajectoryEntry
+from atdp_io.index import PartitionIndex, TrajectoryEntry, bits_float
 from atdp_io.layout import Col, Head, PartitionArrays, RecordKind
-from atdp_io.schema import Event, Outcome, SchemaError, Trajectory
+from atdp_io.rows import LLMTurn, TrainingView
+from atdp_io.schema import Event, Outcome, Reward, SchemaError, Trajectory
 
 _MERGE_GAP = 4096  # read neighbouring ranges as one when the gap is this small (elements)
 
@@ -111,31 +112,40 @@ class PartitionReader:
 
     def read_entries(self, entries: Sequence[TrajectoryEntry]) -> list[Trajectory]:
         """Decodes several trajectories with one batched fetch of their bytes."""
+        fetched = self._fetch_entries(entries, meta=True)
+        records = self.index.records
+        return [_decode_trajectory(entry, records, fetched) for entry in entries]
+
+    def read_training_views(
+        self, entries: Sequence[TrajectoryEntry], *, reward_sources: bool = False
+    ) -> list[TrainingView]:
+        """The loader's fast path: token streams and rewards, no event records decoded.
+
+        Without `reward_sources` each event's rewards come summed from the record table (one
+        reward of source "*"), and no JSON payload is read at all.
+        """
+        fetched = self._fetch_entries(entries, meta=reward_sources)
+        records = self.index.records
+        return [_training_view(e, records, fetched, reward_sources) for e in entries]
+
+    def _fetch_entries(self, entries: Sequence[TrajectoryEntry], *, meta: bool) -> dict:
         if not self.content:
             raise AccessDenied(f"this reader of {self.tenant!r} has no content access")
-        if not entries:
-            return []
-        if self._arrays is None:
+        if entries and self._arrays is None:
             raise TrajectoryNotFound(f"partition {self.tenant!r} has no committed data")
-        records = self.index.records
-        meta_ranges, token_ranges = [], []
-        for entry in entries:
-            if entry.purged:
-                raise TrajectoryNotFound(f"trajectory row {entry.row} was purged")
-            for row in _payload_rows(entry):
-                rec = records[row]
-                meta_ranges.append((int(rec[Col.META_START]), int(rec[Col.META_LEN])))
-                n_tokens = int(rec[Col.INPUT_LEN] + rec[Col.OUTPUT_LEN])
-                if n_tokens:
-                    token_ranges.append((int(rec[Col.TOKEN_START]), n_tokens))
+        if not entries:
+            return {}
+        purged = [e.row for e in entries if e.purged]
+        if purged:
+            raise TrajectoryNotFound(f"trajectory rows {purged} were purged")
+        recs = self.index.records[[row for e in entries for row in _payload_rows(e)]]
+        n_tokens = recs[:, Col.INPUT_LEN] + recs[:, Col.OUTPUT_LEN]
+        token_ranges = np.stack([recs[:, Col.TOKEN_START], n_tokens], 1)
         arrays = self._arrays
-        fetched = _fetch(
-            {
-                "meta": (arrays.meta, meta_ranges),
-                **{name: (getattr(arrays, name), token_ranges) for name in layout.TOKEN_STREAMS},
-            }
-        )
-        return [_decode_trajectory(entry, records, fetched) for entry in entries]
+        requests = {name: (getattr(arrays, name), token_ranges) for name in layout.TOKEN_STREAMS}
+        if meta:
+            requests["meta"] = (arrays.meta, recs[:, [Col.META_START, Col.META_LEN]])
+        return _fetch(requests)
 
 
 def _payload_rows(entry: TrajectoryEntry) -> list[int]:
@@ -155,14 +165,18 @@ class _Fetched:
         return data[start - span_start : start - span_start + length]
 
 
-def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[list[int]] = []
-    for start, length in sorted(r for r in ranges if r[1] > 0):
-        if merged and start <= merged[-1][1] + _MERGE_GAP:
-            merged[-1][1] = max(merged[-1][1], start + length)
-        else:
-            merged.append([start, start + length])
-    return [(a, b) for a, b in merged]
+def _merge(ranges: np.ndarray) -> list[tuple[int, int]]:
+    """Merges `[k, 2]` (start, length) ranges into sorted `(start, end)` spans to read."""
+    ranges = ranges[ranges[:, 1] > 0]
+    if not ranges.shape[0]:
+        return []
+    ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
+    starts, ends = ranges[:, 0], np.maximum.accumulate(ranges[:, 0] + ranges[:, 1])
+    new_span = np.ones(starts.shape[0], bool)
+    new_span[1:] = starts[1:] > ends[:-1] + _MERGE_GAP
+    first = np.flatnonzero(new_span)
+    last = np.append(first[1:], starts.shape[0]) - 1
+    return list(zip(starts[first].tolist(), ends[last].tolist(), strict=True))
 
 
 def _fetch(requests: Mapping[str, tuple[ts.TensorStore, list]]) -> dict[str, _Fetched]:
@@ -179,6 +193,99 @@ def _fetch(requests: Mapping[str, tuple[ts.TensorStore, list]]) -> dict[str, _Fe
     return out
 
 
+def _llm_arrays(
+    rec: np.ndarray, fetched: dict[str, _Fetched], previous_context: np.ndarray | None, where: str
+) -> codec.LLMArrays | None:
+    """An LLM event's token streams, its input rebuilt from the shared prefix; else None."""
+    prefix, n_in, n_out = (int(rec[c]) for c in (Col.PREFIX_LEN, Col.INPUT_LEN, Col.OUTPUT_LEN))
+    if prefix + n_in == 0:
+        return None
+    start = int(rec[Col.TOKEN_START])
+    streams = {n: fetched[n].get(start, n_in + n_out) for n in layout.TOKEN_STREAMS}
+    suffix = streams["tokens"][:n_in]
+    if prefix:
+        if previous_context is None or previous_context.shape[0] < prefix:
+            raise SchemaError(f"{where}: dangling token prefix")
+        input_ids = np.concatenate([previous_context[:prefix], suffix])
+    else:
+        input_ids = suffix.copy()
+    return codec.LLMArrays(
+        input_ids=input_ids,
+        output_ids=streams["tokens"][n_in:].copy(),
+        output_logprobs=streams["logprobs"][n_in:].copy(),
+        output_versions=streams["versions"][n_in:].copy(),
+        loss_mask=streams["loss_mask"][n_in:].copy(),
+    )
+
+
+def _chained_turns(
+    recs: np.ndarray, event_indices: np.ndarray, fetched: dict
+) -> tuple[LLMTurn, ...] | None:
+    """Turns as views of one flat context when every call extends the previous one, else None.
+
+    Stored segments of a fully extending trajectory concatenate to its final context (that is
+    how the writer stores them), so no input needs rebuilding.
+    """
+    lengths = recs[:, Col.INPUT_LEN] + recs[:, Col.OUTPUT_LEN]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    if not np.array_equal(recs[:, Col.PREFIX_LEN], offsets):
+        return None
+    starts = recs[:, Col.TOKEN_START]
+    flat = {}
+    for name in layout.TOKEN_STREAMS:
+        if np.array_equal(starts[1:], starts[:-1] + lengths[:-1]):  # contiguous on storage
+            flat[name] = fetched[name].get(int(starts[0]), int(lengths.sum()))
+        else:
+            flat[name] = np.concatenate(
+                [fetched[name].get(int(s), int(n)) for s, n in zip(starts, lengths, strict=True)]
+            )
+    turns = []
+    for k, event_index in enumerate(event_indices.tolist()):
+        begin = int(offsets[k] + recs[k, Col.INPUT_LEN])
+        end = int(offsets[k] + lengths[k])
+        turns.append(
+            LLMTurn(
+                event_index,
+                flat["tokens"][:begin],
+                flat["tokens"][begin:end],
+                flat["logprobs"][begin:end],
+                flat["versions"][begin:end],
+                flat["loss_mask"][begin:end],
+            )
+        )
+    return tuple(turns)
+
+
+def _training_view(
+    entry: TrajectoryEntry, records: np.ndarray, fetched: dict, reward_sources: bool
+) -> TrainingView:
+    events = records[entry.event_rows]
+    is_llm = events[:, Col.PREFIX_LEN] + events[:, Col.INPUT_LEN] > 0
+    llm_indices = np.flatnonzero(is_llm)
+    turns = _chained_turns(events[is_llm], llm_indices, fetched) if llm_indices.size else ()
+    chained = turns is not None
+    if turns is None:
+        turns, context = [], None
+        for index in llm_indices.tolist():
+            where = f"trajectory {entry.trajectory_id!r}"
+            arrays = _llm_arrays(events[index], fetched, context, where)
+            turns.append(LLMTurn(index, *arrays))
+            context = np.concatenate([arrays.input_ids, arrays.output_ids])
+    rewards = []
+    if reward_sources:
+        for index, rec in enumerate(events):
+            raw = fetched["meta"].get(int(rec[Col.META_START]), int(rec[Col.META_LEN]))
+            for reward in codec.loads(raw.tobytes(), f"event {index}").get("rewards", ()):
+                rewards.append((index, Reward(float(reward["value"]), reward.get("source", "env"))))
+    else:
+        totals = bits_float(events[:, Col.VALUE])
+        rewards = [(int(i), Reward(float(totals[i]), "*")) for i in np.flatnonzero(totals)]
+    rewards += [(note.event_index, note.reward) for note in entry.late_rewards()]
+    return TrainingView(
+        entry.trajectory_id, tuple(turns), tuple(rewards), extends=True if chained else None
+    )
+
+
 def _decode_trajectory(
     entry: TrajectoryEntry, records: np.ndarray, fetched: dict[str, _Fetched]
 ) -> Trajectory:
@@ -190,26 +297,9 @@ def _decode_trajectory(
         rec = records[row]
         payload = meta.get(int(rec[Col.META_START]), int(rec[Col.META_LEN])).tobytes()
         data = codec.loads(payload, f"{where} event {len(events)}")
-        arrays = None
-        prefix, n_in, n_out = (int(rec[c]) for c in (Col.PREFIX_LEN, Col.INPUT_LEN, Col.OUTPUT_LEN))
-        if prefix + n_in > 0:
-            start = int(rec[Col.TOKEN_START])
-            streams = {n: fetched[n].get(start, n_in + n_out) for n in layout.TOKEN_STREAMS}
-            suffix = streams["tokens"][:n_in]
-            if prefix:
-                if previous_context is None or previous_context.shape[0] < prefix:
-                    raise SchemaError(f"{where} event {len(events)}: dangling token prefix")
-                input_ids = np.concatenate([previous_context[:prefix], suffix])
-            else:
-                input_ids = suffix.copy()
-            arrays = codec.LLMArrays(
-                input_ids=input_ids,
-                output_ids=streams["tokens"][n_in:].copy(),
-                output_logprobs=streams["logprobs"][n_in:].copy(),
-                output_versions=streams["versions"][n_in:].copy(),
-                loss_mask=streams["loss_mask"][n_in:].copy(),
-            )
-            previous_context = np.concatenate([input_ids, arrays.output_ids])
+        arrays = _llm_arrays(rec, fetched, previous_context, f"{where} event {len(events)}")
+        if arrays is not None:
+            previous_context = np.concatenate([arrays.input_ids, arrays.output_ids])
         events.append(codec.event_from_json(data, arrays, f"{where}.events[{len(events)}]"))
     outcome = None
     if entry.closed:

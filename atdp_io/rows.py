@@ -16,16 +16,65 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from atdp_io.schema import EventKind, LateReward, Reward, Trajectory
+from atdp_io.schema import LateReward, Reward, Trajectory
 
 LAYOUTS = ("concat", "windowed")
 
 
 class LayoutError(ValueError):
     """A trajectory cannot be laid out as asked (e.g. `concat` on a non-extending context)."""
+
+
+class LLMTurn(NamedTuple):
+    """The token streams of one LLM call (shapes as in `schema.LLMCall`)."""
+
+    event_index: int
+    input_ids: np.ndarray
+    output_ids: np.ndarray
+    output_logprobs: np.ndarray
+    output_versions: np.ndarray
+    loss_mask: np.ndarray
+
+    @property
+    def context_ids(self) -> np.ndarray:
+        return np.concatenate([self.input_ids, self.output_ids])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainingView:
+    """What training needs of a trajectory: its LLM calls and every reward, late ones included.
+
+    `rewards` holds `(event_index, reward)`; event_index None means the whole trajectory.
+    The reader builds it straight from storage, without decoding full event records.
+    """
+
+    trajectory_id: str
+    turns: tuple[LLMTurn, ...]
+    rewards: tuple[tuple[int | None, Reward], ...]
+    extends: bool | None = None  # known to satisfy `extends_previous` (None: not checked yet)
+
+
+def training_view(trajectory: Trajectory) -> TrainingView:
+    turns = tuple(
+        LLMTurn(
+            i,
+            e.llm.input_ids,
+            e.llm.output_ids,
+            e.llm.output_logprobs,
+            e.llm.output_versions,
+            e.llm.loss_mask,
+        )
+        for i, e in trajectory.llm_events()
+    )
+    rewards = [(i, r) for i, e in enumerate(trajectory.events) for r in e.rewards]
+    rewards += [
+        (a.event_index, a.reward) for a in trajectory.annotations if isinstance(a, LateReward)
+    ]
+    return TrainingView(trajectory.trajectory_id, turns, tuple(rewards))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -50,13 +99,14 @@ class Row:
 
 
 def reward_per_call(
-    trajectory: Trajectory, weights: Mapping[str, float] | None = None
+    trajectory: Trajectory | TrainingView, weights: Mapping[str, float] | None = None
 ) -> dict[int, float]:
     """Total reward credited to each LLM call, keyed by the call's event index.
 
     `weights` scales rewards by source (sources missing from it are ignored); None sums all.
     """
-    llm_indices = [i for i, e in enumerate(trajectory.events) if e.kind == EventKind.LLM_CALL]
+    view = _as_view(trajectory)
+    llm_indices = [turn.event_index for turn in view.turns]
     totals = dict.fromkeys(llm_indices, 0.0)
     if not llm_indices:
         return totals
@@ -74,30 +124,30 @@ def reward_per_call(
             target = preceding[-1]
         totals[target] += weight * reward.value
 
-    for index, event in enumerate(trajectory.events):
-        for reward in event.rewards:
-            credit(index, reward)
-    for note in trajectory.annotations:
-        if isinstance(note, LateReward):
-            credit(note.event_index, note.reward)
+    for event_index, reward in view.rewards:
+        credit(event_index, reward)
     return totals
 
 
-def extends_previous(trajectory: Trajectory) -> bool:
+def extends_previous(trajectory: Trajectory | TrainingView) -> bool:
     """True when every LLM call's input starts with the previous call's input + output."""
     previous = None
-    for _, event in trajectory.llm_events():
-        ids = event.llm.input_ids
+    for turn in _as_view(trajectory).turns:
+        ids = turn.input_ids
         if previous is not None and not (
             ids.shape[0] >= previous.shape[0] and np.array_equal(ids[: previous.shape[0]], previous)
         ):
             return False
-        previous = event.llm.context_ids
+        previous = turn.context_ids
     return True
 
 
+def _as_view(trajectory: Trajectory | TrainingView) -> TrainingView:
+    return trajectory if isinstance(trajectory, TrainingView) else training_view(trajectory)
+
+
 def trajectory_rows(
-    trajectory: Trajectory,
+    trajectory: Trajectory | TrainingView,
     layout: str,
     *,
     reward_weights: Mapping[str, float] | None = None,
@@ -110,12 +160,13 @@ def trajectory_rows(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if not trajectory.llm_events():
+    view = _as_view(trajectory)
+    if not view.turns:
         return [], False
-    rewards = reward_per_call(trajectory, reward_weights)
+    rewards = reward_per_call(view, reward_weights)
     if layout == "concat":
-        if extends_previous(trajectory):
-            return [_concat_row(trajectory, rewards)], False
+        if view.extends if view.extends is not None else extends_previous(view):
+            return [_concat_row(view, rewards)], False
         if concat_fallback == "error":
             raise LayoutError(
                 f"trajectory {trajectory.trajectory_id!r}: an LLM call's input does not extend "
@@ -126,11 +177,9 @@ def trajectory_rows(
                 f"concat_fallback must be 'windowed' or 'error', not {concat_fallback!r}"
             )
     rows = []
-    for turn, (index, event) in enumerate(trajectory.llm_events()):
-        llm = event.llm
-        n_in, n_out = llm.input_ids.shape[0], llm.output_ids.shape[0]
-        row = _empty_row(llm.context_ids, turn)
-        _place_output(row, n_in, llm, rewards[index], n_out)
+    for ordinal, turn in enumerate(view.turns):
+        row = _empty_row(turn.context_ids, ordinal)
+        _place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index])
         rows.append(row)
     return rows, layout == "concat"
 
@@ -147,21 +196,19 @@ def _empty_row(tokens: np.ndarray, turn: int) -> Row:
     )
 
 
-def _place_output(row: Row, start: int, llm, reward: float, n_out: int) -> None:
-    end = start + n_out
-    row.loss_mask[start:end] = llm.loss_mask
-    row.rollout_logp[start:end] = np.where(llm.loss_mask > 0, llm.output_logprobs, 0.0)
-    row.versions[start:end] = llm.output_versions
+def _place_output(row: Row, start: int, turn: LLMTurn, reward: float) -> None:
+    end = start + turn.output_ids.shape[0]
+    row.loss_mask[start:end] = turn.loss_mask
+    row.rollout_logp[start:end] = np.where(turn.loss_mask > 0, turn.output_logprobs, 0.0)
+    row.versions[start:end] = turn.output_versions
     # An empty output (the call produced nothing) keeps its reward on the last context token.
     row.rewards[max(end - 1, 0)] += reward
 
 
-def _concat_row(trajectory: Trajectory, rewards: dict[int, float]) -> Row:
-    calls = trajectory.llm_events()
-    row = _empty_row(calls[-1][1].llm.context_ids, 0)
-    for index, event in calls:
-        llm = event.llm
-        _place_output(row, llm.input_ids.shape[0], llm, rewards[index], llm.output_ids.shape[0])
+def _concat_row(view: TrainingView, rewards: dict[int, float]) -> Row:
+    row = _empty_row(view.turns[-1].context_ids, 0)
+    for turn in view.turns:
+        _place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index])
     return row
 
 

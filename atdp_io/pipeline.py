@@ -1,0 +1,216 @@
+"""The grain stages behind `AtdpLoader`: the batcher and the online stream source.
+
+Both pass lists of `TrajectoryRows` (one list per read group). The batcher's checkpoint state is
+the parent's state before the list it is in plus how many items of that list were consumed, so
+a restored iterator continues exactly where the saved one stood, including a trajectory carried
+over to the next batch because it did not fit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import grain
+import numpy as np
+
+from atdp_io import rows as rows_lib
+
+if TYPE_CHECKING:
+    from atdp_io.loader import AtdpLoader
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrajectoryRows:
+    """One trajectory laid out as rows, as it flows from a source to the batcher."""
+
+    tenant: str
+    trajectory_id: str
+    row: int  # the trajectory's row in its partition's record log
+    rows: list[rows_lib.Row]
+
+
+class TrajectoryBatcher(grain.IterDataset):
+    """Packs lists of `TrajectoryRows` into fixed-shape batches; never splits a trajectory."""
+
+    def __init__(self, parent: grain.IterDataset, loader: AtdpLoader):
+        super().__init__(parent)
+        self._loader = loader
+
+    def __iter__(self) -> _BatcherIterator:
+        return _BatcherIterator(self._parent.__iter__(), self._loader)
+
+
+class _BatcherIterator(grain.DatasetIterator):
+    def __init__(self, parent: grain.DatasetIterator, loader: AtdpLoader):
+        super().__init__(parent)
+        self._loader = loader
+        self._queue: collections.deque[TrajectoryRows] = collections.deque()
+        self._list_state: dict | None = None  # parent state before the list in `_queue`
+        self._taken = 0  # items of that list already consumed
+        self._carry: tuple[TrajectoryRows, list[rows_lib.Row]] | None = None
+        self._carry_position: tuple[dict, int] | None = None
+        self._exhausted = False
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        config, stats = self._loader.config, self._loader.stats
+        groups: list[tuple[TrajectoryRows, list[rows_lib.Row]]] = []
+        used = 0
+        if self._carry is not None:
+            groups.append(self._carry)
+            used = len(self._carry[1])
+            self._carry = self._carry_position = None
+        while used < config.rows:
+            pulled = self._pull()
+            if pulled is None:
+                break
+            item, position = pulled
+            rows = self._filter(item)
+            if not rows:
+                continue
+            if used + len(rows) > config.rows:
+                self._carry, self._carry_position = (item, rows), position
+                break
+            groups.append((item, rows))
+            used += len(rows)
+        if not groups or (config.drop_remainder and used < config.rows and self._exhausted):
+            raise StopIteration
+        kept = self._loader.not_purged_since([item for item, _ in groups])
+        groups = [group for group, keep in zip(groups, kept, strict=True) if keep]
+        stats.add("batches")
+        stats.add("rows_emitted", sum(len(rows) for _, rows in groups))
+        return rows_lib.pack_batch(
+            [rows for _, rows in groups], config.rows, config.seq_len, config.pad_id
+        )
+
+    def _pull(self) -> tuple[TrajectoryRows, tuple[dict, int]] | None:
+        """The next item and its position (parent state before its list, index in the list)."""
+        while not self._queue:
+            if self._exhausted:
+                return None
+            state = self._parent.get_state()
+            try:
+                items = next(self._parent)
+            except StopIteration:
+                self._exhausted = True
+                return None
+            self._queue.extend(items)
+            self._list_state, self._taken = state, 0
+        position = (self._list_state, self._taken)
+        self._taken += 1
+        return self._queue.popleft(), position
+
+    def _filter(self, item: TrajectoryRows) -> list[rows_lib.Row]:
+        config, stats = self._loader.config, self._loader.stats
+        rows = item.rows
+        if any(r.length > config.seq_len for r in rows) or len(rows) > config.rows:
+            if config.too_long == "error":
+                raise ValueError(
+                    f"trajectory {item.trajectory_id!r} ({item.tenant}) needs {len(rows)} rows of "
+                    f"up to {max(r.length for r in rows)} tokens; the batch is "
+                    f"{config.rows} x {config.seq_len}"
+                )
+            stats.add("dropped_too_long")
+            return []
+        if config.max_staleness is None:
+            return rows
+        oldest = self._loader.current_version() - config.max_staleness
+        fresh = [r for r in rows if r.min_version() < 0 or r.min_version() >= oldest]
+        if len(fresh) < len(rows) and config.staleness_unit == "trajectory":
+            stats.add("dropped_stale_rows", len(rows))
+            return []
+        stats.add("dropped_stale_rows", len(rows) - len(fresh))
+        return fresh
+
+    def get_state(self) -> dict[str, Any]:
+        # A carried trajectory is re-read after a restore: the state points at it.
+        if self._carry is not None:
+            parent, skip = self._carry_position
+        elif self._queue:
+            parent, skip = self._list_state, self._taken
+        else:
+            parent, skip = self._parent.get_state(), 0
+        return {"parent": parent, "skip": skip}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state["parent"])
+        self._queue.clear()
+        self._carry = self._carry_position = None
+        self._exhausted = False  # a stream that went idle may have new data after a restore
+        if state["skip"]:
+            self._list_state = self._parent.get_state()
+            items = list(next(self._parent))
+            self._queue.extend(items[state["skip"] :])
+            self._taken = state["skip"]
+
+
+class StreamSource(grain.IterDataset):
+    """Lists of trajectories closed after a per-tenant cursor, in commit order, polling for more."""
+
+    def __init__(
+        self,
+        loader: AtdpLoader,
+        shard: grain.sharding.ShardOptions,
+        poll_interval_s: float,
+        idle_timeout_s: float | None,
+        read_group: int,
+    ):
+        super().__init__()
+        self._loader = loader
+        self._shard = shard
+        self._poll_interval_s = poll_interval_s
+        self._idle_timeout_s = idle_timeout_s
+        self._read_group = read_group
+
+    def __iter__(self) -> _StreamIterator:
+        return _StreamIterator(self)
+
+
+class _StreamIterator(grain.DatasetIterator):
+    def __init__(self, source: StreamSource):
+        super().__init__()
+        self._source = source
+        self._cursors = dict.fromkeys(source._loader.readers, 0)
+
+    def __next__(self) -> list[TrajectoryRows]:
+        source, loader = self._source, self._source._loader
+        idle_since = time.monotonic()
+        while True:
+            keys = self._next_keys()
+            if keys:
+                items = loader.load_many(keys)
+                if items:
+                    return items
+                continue  # everything in this group was filtered out: look further
+            waited = time.monotonic() - idle_since
+            if source._idle_timeout_s is not None and waited >= source._idle_timeout_s:
+                raise StopIteration
+            if not loader.refresh():
+                time.sleep(source._poll_interval_s)
+
+    def _next_keys(self) -> list[tuple[str, int]]:
+        """Up to a read group of this shard's newly closed trajectories; advances the cursors."""
+        source, keys = self._source, []
+        for tenant, reader in source._loader.readers.items():
+            order = reader.index.close_order
+            while self._cursors[tenant] < len(order) and len(keys) < source._read_group:
+                row = order[self._cursors[tenant]]
+                self._cursors[tenant] += 1
+                if row % source._shard.shard_count == source._shard.shard_index:
+                    keys.append((tenant, row))
+        return keys
+
+    def get_state(self) -> dict[str, Any]:
+        return {"cursors": dict(self._cursors)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        cursors = state["cursors"]
+        if set(cursors) != set(self._cursors):
+            raise ValueError(
+                f"stream state is for tenants {sorted(cursors)}, this stream reads "
+                f"{sorted(self._cursors)}"
+            )
+        self._source._loader.refresh()
+        self._cursors = {t: int(c) for t, c in cursors.items()}
