@@ -230,3 +230,68 @@ def test_stream_delivers_new_commits_once_and_resumes_from_its_cursor(tmp_path):
     resumed.set_state(state)
     again = [tid for batch in resumed for (tid, _), _ in _rows_of(batch, owner)]
     assert again == ["t02", "t03", "t04", "t05", "t06", "t07"]
+
+
+def _assert_rows_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.turn_index == y.turn_index
+        for name in ("tokens", "loss_mask", "rollout_logp", "rewards", "versions"):
+            np.testing.assert_array_equal(getattr(x, name), getattr(y, name))
+
+
+def test_the_storage_fast_path_lays_out_exactly_what_full_decoding_does(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    chained = agent_trajectory("chained", turns=3, seed=1)
+    rebuilt = agent_trajectory("rebuilt", turns=3, seed=2, concat=False)
+    with store.writer("acme") as writer:
+        writer.append([chained, rebuilt])
+        # Two interleaved sessions: their token segments are not contiguous on storage.
+        left = writer.open_trajectory(agent_trajectory("left", seed=3).header)
+        right = writer.open_trajectory(agent_trajectory("right", seed=4).header)
+        for a, b in zip(
+            agent_trajectory("left", seed=3).events,
+            agent_trajectory("right", seed=4).events,
+            strict=True,
+        ):
+            left.append_event(a)
+            right.append_event(b)
+        left.close()
+        right.close()
+        writer.add_reward("chained", 0.5, event_index=2, source="user")
+        writer.add_reward("left", -1.0, source="tests")
+    reader = store.reader("acme", principal="acme")
+    reader.refresh()
+    entries = reader.entries()
+    for sources, weights in ((False, None), (True, {"env": 1.0, "user": 2.0})):
+        views = reader.read_training_views(entries, reward_sources=sources)
+        for entry, view in zip(entries, views, strict=True):
+            full = reader.read(entry.trajectory_id)
+            for layout in ("concat", "windowed"):
+                fast, _ = trajectory_rows(view, layout, reward_weights=weights)
+                slow, _ = trajectory_rows(full, layout, reward_weights=weights)
+                _assert_rows_equal(fast, slow)
+    assert [v.extends for v in reader.read_training_views(entries)] == [True, None, True, True]
+
+
+def test_reward_weights_select_sources(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    with store.writer("acme") as writer:
+        writer.append([_make(0, turns=1, final_reward=1.0)])
+        writer.add_reward("t00", 5.0, event_index=0, source="user")
+    for weights, total in ((None, 6.0), ({"user": 1.0}, 5.0), ({"env": 0.5}, 0.5)):
+        batches = list(_loader(store, reward_weights=weights).epoch(shard=ONE_SHARD))
+        assert sum(float(b["rewards"].sum()) for b in batches) == total
+
+
+def test_a_purge_after_reading_keeps_the_trajectory_out_of_the_batch(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    writer = store.writer("acme")
+    writer.append([_make(i, turns=1) for i in range(3)])
+    loader = _loader(store)
+    items = loader.load_many(loader._snapshot())
+    assert [i.trajectory_id for i in items] == ["t00", "t01", "t02"]
+    writer.purge(["t01"], reason="deletion request")  # lands between read and emission
+    writer.close()
+    assert loader.not_purged_since(items) == [True, False, True]
+    assert loader.stats.snapshot()["dropped_purged"] == 1

@@ -267,3 +267,37 @@ def test_purge_erases_bytes_and_readers_stop_serving(tmp_path):
     fresh = _reader(store)  # a reader built after the purge indexes tombstones, not zeros
     assert fresh.trajectory_ids() == ["kept"]
     assert len(fresh.read("kept").events) == 6
+
+
+def test_a_rejected_call_writes_nothing_at_all(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    with store.writer("acme") as writer:
+        writer.append([agent_trajectory("a")])
+        batch = [agent_trajectory("b"), agent_trajectory("c"), agent_trajectory("a")]
+        with pytest.raises(SchemaError, match="'a' already exists"):
+            writer.append(batch)
+        with pytest.raises(SchemaError, match="'d' already exists"):
+            writer.append([agent_trajectory("d"), agent_trajectory("d")])
+        notes = [LateReward("a", 0, Reward(1.0), NOW), LateReward("a", 99, Reward(1.0), NOW)]
+        with pytest.raises(SchemaError, match="event_index: 99"):
+            writer.annotate(*notes)
+        writer.append([agent_trajectory("b")])  # "b" was never staged by the failed call
+    reader = _reader(store)
+    assert reader.trajectory_ids() == ["a", "b"]
+    assert reader.read("a").annotations == ()
+
+
+def test_append_async_pipelines_and_is_durable_after_flush(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    writer = store.writer("acme")
+    futures = [
+        writer.append_async([agent_trajectory(f"t{k}-{i}", seed=k) for i in range(3)])
+        for k in range(5)
+    ]
+    writer.flush()
+    assert [f.result() for f in futures][2] == ["t2-0", "t2-1", "t2-2"]
+    assert writer.stats["commits"] <= 5
+    late = writer.append_async([agent_trajectory("last")])
+    writer.close()  # waits for the pending commit before releasing the lock
+    assert late.done() and late.result() == ["last"]
+    assert len(_reader(store).trajectory_ids()) == 16
