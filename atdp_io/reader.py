@@ -41,18 +41,17 @@ def sync_index(index: PartitionIndex, arrays: PartitionArrays, head: Head) -> li
     if head.records <= index.n_records:
         return []
     records = arrays.records[index.n_records : head.records].read().result()
-    starts, lengths = records[:, Col.META_START], records[:, Col.META_LEN]
-    wanted = np.isin(records[:, Col.KIND], (RecordKind.OPEN, RecordKind.ANNOTATION)) & (lengths > 0)
-    payloads: dict[int, bytes] = {}
-    if wanted.any():
-        lo = int(starts[wanted].min())
-        hi = int((starts[wanted] + lengths[wanted]).max())
-        span = arrays.meta[lo:hi].read().result().tobytes()
-        first = index.n_records
-        for offset in np.flatnonzero(wanted):
-            start, length = int(starts[offset]) - lo, int(lengths[offset])
-            payloads[first + int(offset)] = span[start : start + length]
-    return index.apply(records, payloads.__getitem__)
+    wanted = np.isin(records[:, Col.KIND], (RecordKind.OPEN, RecordKind.ANNOTATION))
+    ranges = records[wanted][:, [Col.META_START, Col.META_LEN]]
+    # Only headers and annotations: event payloads (most of the bytes) are not read here.
+    fetched = _fetch({"meta": (arrays.meta, ranges)})["meta"] if wanted.any() else None
+
+    def meta_of(row: int) -> bytes:
+        rec = records[row - first]
+        return fetched.get(int(rec[Col.META_START]), int(rec[Col.META_LEN])).tobytes()
+
+    first = index.n_records
+    return index.apply(records, meta_of)
 
 
 class PartitionReader:

@@ -375,6 +375,7 @@ class PartitionWriter:
     def _stage_close(self, state: _TrajState, outcome: Outcome) -> None:
         self._stage(encoding.encode_close(outcome, state.row))
         state.closed = True
+        state.last_context = None  # only open trajectories need it; contexts can be large
 
     def _stage_annotation(self, note: Annotation) -> None:
         self._stage(encoding.encode_annotation(note, self._state(note.trajectory_id).row))
