@@ -13,6 +13,8 @@ from atdp_factories import agent_trajectory
 
 from atdp_io import AtdpStore
 
+HELD = 10**6
+
 
 def session_template(k: int):
     return agent_trajectory(f"s{k}", seed=k, turns=3, prompt_len=64)
@@ -44,6 +46,10 @@ def main(root: str, mode: str) -> None:
             ack(f"close s{k}")
 
     if mode == "sessions":
+        # One session stays open for the whole run, so the kill always interrupts one.
+        held = session_template(HELD)
+        writer.open_trajectory(held.header).append_event(held.events[0])
+        ack(f"event s{HELD} 0")
         threads = [threading.Thread(target=sessions, args=(t,), daemon=True) for t in range(4)]
         for t in threads:
             t.start()

@@ -295,3 +295,24 @@ def test_a_purge_after_reading_keeps_the_trajectory_out_of_the_batch(tmp_path):
     writer.close()
     assert loader.not_purged_since(items) == [True, False, True]
     assert loader.stats.snapshot()["dropped_purged"] == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"rows": 0, "seq_len": 8}, "rows and seq_len must be >= 1"),
+        ({"rows": 1, "seq_len": 8, "layout": "packed"}, "layout must be one of"),
+        ({"rows": 1, "seq_len": 8, "too_long": "truncate"}, "too_long"),
+        ({"rows": 1, "seq_len": 8, "max_staleness": -1}, "max_staleness"),
+        ({"rows": 1, "seq_len": 8, "staleness_unit": "token"}, "staleness_unit"),
+    ],
+)
+def test_bad_loader_configs_are_refused(fields, problem):
+    with pytest.raises(ValueError, match=problem):
+        LoaderConfig(**fields)
+
+
+def test_default_shard_is_this_jax_process(store_with_mix):
+    store, eligible = store_with_mix
+    batches = list(_loader(store).epoch(seed=0))  # one process: one shard holding everything
+    assert sum(int((b["turn_index"] == 0).sum()) for b in batches) == len(eligible)
