@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 from sao_jax.models.config import ModelConfig
 from sao_jax.sharding import shard
@@ -75,32 +75,60 @@ class Embed(nnx.Module):
         return jnp.take(self.embedding[...], input_ids, axis=0).astype(self.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+@struct.dataclass
+class AttentionContext:
+    """Per-forward attention inputs shared by every layer (computed once, not per layer).
+
+    cos, sin: [B, T, Dh/2] RoPE tables; mask: [B, T, S] bool (S = T without a KV cache);
+    positions: [B, T] cache slot of each token; valid: [B, T] False on padding.
+    """
+
+    cos: jax.Array
+    sin: jax.Array
+    mask: jax.Array
+    positions: jax.Array
+    valid: jax.Array
+
+
+def attention_context(
+    positions: jax.Array,
+    segment_ids: jax.Array,
+    *,
+    head_dim: int,
+    rope_theta: float,
+    cache_len: int | None = None,
+) -> AttentionContext:
+    """RoPE tables and attention mask for [B, T] positions / segment ids (0 = padding).
+
+    Without a cache, tokens attend causally within their segment. With a cache of `cache_len`
+    slots, row b's token t attends to slots <= positions[b, t] (one sequence per row).
+    """
+    inv_freq = 1.0 / (rope_theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    valid = segment_ids != 0
+    if cache_len is None:
+        t = segment_ids.shape[1]
+        causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = causal[None] & same & valid[:, :, None]
+    else:
+        slots = jnp.arange(cache_len)
+        mask = (slots[None, None, :] <= positions[:, :, None]) & valid[:, :, None]
+    return AttentionContext(jnp.cos(angles), jnp.sin(angles), mask, positions, valid)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotary embedding in the rotate-half layout of HF Llama/Qwen.
 
     Args:
-      x: [B, T, N, Dh] queries or keys.
-      positions: [B, T] integer positions.
-      theta: base frequency.
+      x: [B, T, N, Dh] queries or keys; cos, sin: [B, T, Dh/2] from `attention_context`.
     Returns:
       [B, T, N, Dh], same dtype as x.
     """
-    head_dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
-
-
-def attention_mask(segment_ids: jax.Array) -> jax.Array:
-    """Causal mask within segments: [B, T] segment ids (0 = padding) -> [B, T, T] bool."""
-    t = segment_ids.shape[1]
-    causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return causal[None] & same & (segment_ids[:, :, None] != 0)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -112,13 +140,19 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
       [B, T, H, Dh].
     """
     b, t, h, dh = q.shape
-    kv_heads = k.shape[2]
-    q = q.reshape(b, t, kv_heads, h // kv_heads, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * dh**-0.5, _MASKED_SCORE)
+    s, kv_heads = k.shape[1], k.shape[2]
+    g = h // kv_heads
+    # Head-major layout: the G query heads sharing a kv head are stacked along the query axis,
+    # so both products are plain batched matmuls over (B, K) (2x faster than grouped einsums
+    # on XLA:CPU) and K/V are never repeated.
+    qh = q.reshape(b, t, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, dh)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    scores = jnp.einsum("bkqd,bksd->bkqs", qh, kh, preferred_element_type=jnp.float32)
+    mask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
+    scores = jnp.where(mask, scores * dh**-0.5, _MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, dh)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, vh)
+    return out.reshape(b, kv_heads, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
 def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array, valid: jax.Array) -> jax.Array:
@@ -150,21 +184,16 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(dh, logical_axis="head_dim", **norm)
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
         self.qk_norm = config.qk_norm
-        self.rope_theta = config.rope_theta
 
     def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        segment_ids: jax.Array,
-        kv_cache: LayerKV | None = None,
+        self, x: jax.Array, ctx: AttentionContext, kv_cache: LayerKV | None = None
     ) -> tuple[jax.Array, LayerKV | None]:
         """Self-attention over the row, or over the row's KV cache when one is given.
 
         Args:
-          x: [B, T, D]; positions: [B, T]; segment_ids: [B, T] (0 = padding).
-          kv_cache: optional (keys, values), each [B, S, K, Dh]. Token t of row b is written at
-            slot positions[b, t] and attends to slots <= positions[b, t] (one sequence per row).
+          x: [B, T, D]; ctx: from `attention_context` (its mask spans the cache if one is used).
+          kv_cache: optional (keys, values), each [B, S, K, Dh]; token t of row b is written at
+            slot ctx.positions[b, t] (padding writes nothing).
         Returns:
           ([B, T, D], updated cache or None).
         """
@@ -174,23 +203,15 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = shard(apply_rope(q, positions, self.rope_theta), ("batch", "length", "act_heads", None))
-        k = shard(
-            apply_rope(k, positions, self.rope_theta), ("batch", "length", "act_kv_heads", None)
-        )
+        q = shard(apply_rope(q, ctx.cos, ctx.sin), ("batch", "length", "act_heads", None))
+        k = shard(apply_rope(k, ctx.cos, ctx.sin), ("batch", "length", "act_kv_heads", None))
         v = shard(v, ("batch", "length", "act_kv_heads", None))
-        if kv_cache is None:
-            out = attend(q, k, v, attention_mask(segment_ids))
-            new_cache = None
-        else:
-            valid = segment_ids != 0
-            keys = write_kv(kv_cache[0], k, positions, valid)
-            values = write_kv(kv_cache[1], v, positions, valid)
-            slots = jnp.arange(keys.shape[1])
-            mask = (slots[None, None, :] <= positions[:, :, None]) & valid[:, :, None]
-            out = attend(q, keys, values, mask)
-            new_cache = (keys, values)
-        out = shard(out, ("batch", "length", "act_heads", None))
+        new_cache = None
+        if kv_cache is not None:
+            k = write_kv(kv_cache[0], k, ctx.positions, ctx.valid)
+            v = write_kv(kv_cache[1], v, ctx.positions, ctx.valid)
+            new_cache = (k, v)
+        out = shard(attend(q, k, v, ctx.mask), ("batch", "length", "act_heads", None))
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), new_cache
 
 

@@ -108,25 +108,105 @@ def grouped_swiglu(buffer: jax.Array, weights: ExpertWeights) -> jax.Array:
     return jnp.einsum("ecf,efd->ecd", h, weights.down)
 
 
+def _to_slots(x: jax.Array, order: jax.Array, slot: jax.Array, num_slots: int, k: int) -> jax.Array:
+    """Rows of x placed at `slot` of each sorted assignment -> [num_slots, D] (empty slots 0).
+
+    Built by gather (which token sits in each slot) rather than by scattering rows.
+    """
+    n = x.shape[0]
+    slot_token = jnp.full((num_slots,), n, jnp.int32).at[slot].set(order // k, mode="drop")
+    return jnp.take(x, slot_token, axis=0, mode="fill", fill_value=0)
+
+
+def _from_slots(out: jax.Array, order: jax.Array, slot: jax.Array) -> jax.Array:
+    """[num_slots, D] expert outputs -> [A, D] in assignment order (dropped ones 0)."""
+    slot_of_assignment = jnp.zeros_like(slot).at[order].set(slot)
+    return jnp.take(out, slot_of_assignment, axis=0, mode="fill", fill_value=0)
+
+
+def overflow_block_size(capacity: int) -> int:
+    """Rows per block for assignments past the first-pass capacity: a power of two near C/4.
+
+    Overflow per expert is small (a fraction of C) when routing is roughly balanced.
+    """
+    return int(2 ** max(1, math.floor(math.log2(max(capacity // 4, 2)))))
+
+
+def _overflow_blocks(
+    x: jax.Array,
+    order: jax.Array,
+    sorted_expert: jax.Array,
+    rank: jax.Array,
+    counts: jax.Array,
+    capacity: int,
+    weights: ExpertWeights,
+) -> jax.Array:
+    """Assignments ranked >= capacity within their expert, padded to whole blocks per expert
+    and run one block per scan step (unused steps skipped) -> [A, D] (0 elsewhere)."""
+    d = x.shape[1]
+    e = weights.num_experts
+    a = order.shape[0]
+    k = a // x.shape[0]
+    most = a - capacity  # an overflowing expert has filled its capacity first
+    b = overflow_block_size(capacity)
+    max_blocks = (most + min(e, most) * (b - 1)) // b  # bounds sum_e ceil(overflow_e / b)
+    if max_blocks == 0:
+        return jnp.zeros((a, d), x.dtype)
+    overflow = jnp.maximum(counts[:e] - capacity, 0)
+    blocks_per_expert = (overflow + b - 1) // b
+    block_end = jnp.cumsum(blocks_per_expert)
+    first_block = block_end - blocks_per_expert
+    expert = jnp.minimum(sorted_expert, e - 1)
+    over_rank = rank - capacity
+    spilled = (sorted_expert < e) & (over_rank >= 0)
+    slot = jnp.where(
+        spilled, (first_block[expert] + over_rank // b) * b + over_rank % b, max_blocks * b
+    )
+    blocks = _to_slots(x, order, slot, max_blocks * b, k).reshape(max_blocks, b, d)
+    block_ids = jnp.arange(max_blocks)
+    # Owner of block j: experts whose blocks end at or before j (jnp.searchsorted would lower
+    # to a sequential while loop on CPU).
+    owner = jnp.sum(block_end[None, :] <= block_ids[:, None], axis=1)
+    owner = jnp.minimum(owner, e - 1).astype(jnp.int32)
+
+    def one_block(_, inputs):
+        rows, owner, used = inputs
+
+        def swiglu(rows: jax.Array) -> jax.Array:
+            h = jax.nn.silu(rows @ weights.gate[owner]) * (rows @ weights.up[owner])
+            return h @ weights.down[owner]
+
+        return None, jax.lax.cond(used, swiglu, jnp.zeros_like, rows)
+
+    _, out = jax.lax.scan(one_block, None, (blocks, owner, block_ids < block_end[-1]))
+    return _from_slots(out.reshape(max_blocks * b, d), order, slot)
+
+
 def sorted_capacity(
     x: jax.Array, routing: Routing, weights: ExpertWeights, capacity_factor: float
 ) -> tuple[jax.Array, jax.Array]:
-    """Sort by expert, fill [E, C, D] buffers (dropping overflow), one grouped einsum."""
+    """Sort by expert, fill [E, C, D] buffers, one grouped einsum; overflow is dropped.
+
+    capacity_factor <= 0 is dropless: the buffers take C = ceil(A / E) rows per expert and the
+    few assignments past that run in a second pass of per-expert blocks, instead of C = N,
+    which would cost as much as running every expert on every token.
+    """
     n, d = x.shape
     k = routing.expert_index.shape[1]
     e = weights.num_experts
-    c = expert_capacity(n, k, e, capacity_factor)
-    order, sorted_expert, rank, _ = _sort_by_expert(routing, e)
+    dropless = capacity_factor <= 0
+    c = expert_capacity(n, k, e, 1.0 if dropless else capacity_factor)
+    order, sorted_expert, rank, counts = _sort_by_expert(routing, e)
     keep = (rank < c) & (sorted_expert < e)
     slot = jnp.where(keep, sorted_expert * c + rank, e * c)  # e * c: nowhere (dropped)
-    # Build buffers by gather (which token sits in each slot) rather than scatter of rows.
-    slot_token = jnp.full((e * c,), n, jnp.int32).at[slot].set(order // k, mode="drop")
-    buffer = jnp.take(x, slot_token, axis=0, mode="fill", fill_value=0).reshape(e, c, d)
+    buffer = _to_slots(x, order, slot, e * c, k).reshape(e, c, d)
     buffer = shard(buffer, ("act_experts", "capacity", "act_embed"))
     out = grouped_swiglu(buffer, weights).reshape(e * c, d)
-    slot_of_assignment = jnp.zeros_like(slot).at[order].set(slot)
-    y_assign = jnp.take(out, slot_of_assignment, axis=0, mode="fill", fill_value=0)
-    return _combine(y_assign, routing), jnp.sum(keep, dtype=jnp.int32)
+    y_assign = _from_slots(out, order, slot)
+    if not dropless:
+        return _combine(y_assign, routing), jnp.sum(keep, dtype=jnp.int32)
+    y_assign = y_assign + _overflow_blocks(x, order, sorted_expert, rank, counts, c, weights)
+    return _combine(y_assign, routing), jnp.sum(sorted_expert < e, dtype=jnp.int32)
 
 
 def ragged_dot(

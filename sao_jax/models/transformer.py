@@ -15,7 +15,16 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from sao_jax.models.config import ModelConfig
-from sao_jax.models.layers import MLP, Attention, Embed, LayerKV, RMSNorm, dense
+from sao_jax.models.layers import (
+    MLP,
+    Attention,
+    AttentionContext,
+    Embed,
+    LayerKV,
+    RMSNorm,
+    attention_context,
+    dense,
+)
 from sao_jax.models.logprobs import chunked_token_logprobs
 from sao_jax.models.moe import MoeAux, MoeBlock, MoeStats
 from sao_jax.sharding import LogicalRules, init_sharded, shard
@@ -46,18 +55,14 @@ class DecoderLayer(nnx.Module):
             self.mlp = MLP(config, config.dense_intermediate_size, rngs=rngs)
 
     def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        segment_ids: jax.Array,
-        kv_cache: LayerKV | None,
+        self, x: jax.Array, ctx: AttentionContext, kv_cache: LayerKV | None
     ) -> tuple[jax.Array, LayerKV | None, MoeStats | None]:
-        h, new_cache = self.attn(self.attn_norm(x), positions, segment_ids, kv_cache)
+        h, new_cache = self.attn(self.attn_norm(x), ctx, kv_cache)
         x = x + h
         y = self.ffn_norm(x)
         stats = None
         if self.is_moe:
-            y, stats = self.moe(y, segment_ids != 0)
+            y, stats = self.moe(y, ctx.valid)
         else:
             y = self.mlp(y)
         return shard(x + y, ("batch", "length", "act_embed")), new_cache, stats
@@ -106,12 +111,17 @@ class Backbone(nnx.Module):
             segment_ids = jnp.ones((b, t), jnp.int32)
         if kv_cache is not None and len(kv_cache) != len(self.layers):
             raise ValueError(f"kv_cache has {len(kv_cache)} layers, model has {len(self.layers)}")
+        ctx = attention_context(
+            positions,
+            segment_ids,
+            head_dim=self.config.head_dim,
+            rope_theta=self.config.rope_theta,
+            cache_len=None if kv_cache is None else kv_cache[0][0].shape[1],
+        )
         x = shard(self.embed(input_ids), ("batch", "length", "act_embed"))
         new_cache, stats = [], []
         for i, layer in enumerate(self.layers):
-            x, layer_cache, layer_stats = layer(
-                x, positions, segment_ids, None if kv_cache is None else kv_cache[i]
-            )
+            x, layer_cache, layer_stats = layer(x, ctx, None if kv_cache is None else kv_cache[i])
             new_cache.append(layer_cache)
             if layer_stats is not None:
                 stats.append(layer_stats)

@@ -50,11 +50,15 @@ def _reference(x, routing, weights, capacity=None):
     return out, kept
 
 
+@pytest.mark.parametrize("skewed", [False, True])
 @pytest.mark.parametrize("name", ["sorted_capacity", "ragged_dot"])
-def test_dropless_dispatch_matches_reference_and_skips_padding(name):
+def test_dropless_dispatch_matches_reference_and_skips_padding(name, skewed):
     valid = np.ones(N, bool)
     valid[[3, 10, 11]] = False
     x, routing, weights = _problem(valid=valid)
+    if skewed:  # every token on experts 0 and 1: far past any balanced capacity
+        index = np.tile(np.array([[0, 1]], np.int32), (N, 1))
+        routing = Routing(jnp.asarray(index), routing.expert_weight, routing.valid)
     y, kept = jax.jit(lambda *a: get_dispatch(name)(*a, 0.0))(x, routing, weights)
     ref, ref_kept = _reference(x, routing, weights)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
