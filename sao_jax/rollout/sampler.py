@@ -192,13 +192,15 @@ class Sampler:
         state: DecodeState,
         tokens: jax.Array,
         lengths: jax.Array,
+        starts: jax.Array,
         slots: jax.Array,
         rows: RowSettings,
     ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
         model = self._model(params)
         n, p = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
-        segment_ids = (positions < lengths[:, None]).astype(jnp.int32)
+        offsets = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
+        positions = starts[:, None] + offsets
+        segment_ids = (offsets < lengths[:, None]).astype(jnp.int32)
         sub = state.cache.take_slots(slots)
         out = model.forward(
             tokens, positions=positions, segment_ids=segment_ids, kv_cache=sub.layers()
@@ -217,7 +219,7 @@ class Sampler:
         state = state.replace(
             cache=cache,
             tokens=put(state.tokens, first),
-            positions=put(state.positions, lengths),
+            positions=put(state.positions, starts + lengths),
             active=put(state.active, ~finished),
             num_generated=put(state.num_generated, jnp.ones_like(lengths)),
             max_new_tokens=put(state.max_new_tokens, rows.max_new_tokens),
@@ -320,6 +322,7 @@ class Sampler:
                     self._row_sharding(n, p),
                     self._row_sharding(n),
                     self._row_sharding(n),
+                    self._row_sharding(n),
                     RowSettings(
                         *(self._row_sharding(n),) * 5, self._row_sharding(n, self.max_stop_tokens)
                     ),
@@ -373,6 +376,32 @@ class Sampler:
         `state` is donated: use the returned one. Returns (state, first_tokens [n],
         first_logprobs [n], finished [n] bool).
         """
+        return self._load(state, prompts, slots, sampling, extend=False)
+
+    def extend(
+        self,
+        state: DecodeState,
+        continuations: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
+    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        """Continue finished slots with more tokens (the next turn) and sample again.
+
+        Each slot keeps its cached sequence; its last sampled token (not yet in the cache) and
+        then `continuations[i]` are appended, so a multi-turn episode never re-encodes its
+        history. Same returns as `prefill`; `state` is donated.
+        """
+        return self._load(state, continuations, slots, sampling, extend=True)
+
+    def _load(
+        self,
+        state: DecodeState,
+        prompts: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        sampling: SamplingParams | Sequence[SamplingParams],
+        *,
+        extend: bool,
+    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
         n = len(prompts)
         if n == 0 or len(slots) != n:
             raise ValueError(f"need one slot per prompt, got {n} prompts and {len(slots)} slots")
@@ -382,20 +411,31 @@ class Sampler:
         if len(set(slots)) != n:
             raise ValueError(f"slots must be distinct, got {list(slots)}")
         num_slots, cache_len = state.cache.num_slots, state.cache.length
-        lengths = [len(p) for p in prompts]
-        vocab = self.config.vocab_size
-        for i, (prompt, slot, s) in enumerate(zip(prompts, slots, sampling, strict=True)):
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty")
+        for i, slot in enumerate(slots):
             if not 0 <= slot < num_slots:
                 raise ValueError(f"slot {slot} of prompt {i} is outside [0, {num_slots})")
+        starts = [0] * n
+        if extend:
+            active = np.asarray(state.active)[list(slots)]
+            if active.any():
+                raise ValueError(
+                    f"cannot extend slots still generating: {np.asarray(slots)[active]}"
+                )
+            pending = np.asarray(state.tokens)[list(slots)]
+            starts = np.asarray(state.positions)[list(slots)].tolist()
+            prompts = [[int(t), *c] for t, c in zip(pending, prompts, strict=True)]
+        vocab = self.config.vocab_size
+        for i, (prompt, start, s) in enumerate(zip(prompts, starts, sampling, strict=True)):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
             if min(prompt) < 0 or max(prompt) >= vocab:
                 raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={vocab})")
-            if len(prompt) + s.max_new_tokens - 1 > cache_len:
+            if start + len(prompt) + s.max_new_tokens - 1 > cache_len:
                 raise ValueError(
-                    f"prompt {i}: {len(prompt)} prompt + {s.max_new_tokens} new tokens do not fit "
-                    f"a cache of {cache_len} positions"
+                    f"prompt {i}: {start} cached + {len(prompt)} prompt + {s.max_new_tokens} new "
+                    f"tokens do not fit a cache of {cache_len} positions"
                 )
+        lengths = [len(p) for p in prompts]
         p = min(bucket(max(lengths), self.min_prompt_bucket), cache_len)
         rows = bucket(n, 1)
         tokens = np.full((rows, p), self.pad_id, np.int32)
@@ -403,6 +443,8 @@ class Sampler:
             tokens[i, : len(prompt)] = prompt
         lengths_arr = np.ones((rows,), np.int32)
         lengths_arr[:n] = lengths
+        starts_arr = np.zeros((rows,), np.int32)
+        starts_arr[:n] = starts
         slots_arr = np.full((rows,), num_slots, np.int32)  # padding rows write nowhere
         slots_arr[:n] = slots
         fn = self._get_jitted("prefill", num_slots, cache_len, (rows, p))
@@ -412,6 +454,7 @@ class Sampler:
             state,
             tokens,
             lengths_arr,
+            starts_arr,
             slots_arr,
             self._row_settings(sampling, rows),
         )

@@ -180,6 +180,28 @@ def test_slot_refill_matches_independent_generation(sampler):
         np.testing.assert_array_equal(got[i], solo[i])
 
 
+def test_extend_continues_a_finished_slot_without_reencoding(sampler, reference):
+    turn = SamplingParams(temperature=0.0, max_new_tokens=3)
+    state = sampler.init_state(num_slots=4, cache_len=32)
+    state, first, _, _ = sampler.prefill(state, PROMPTS[:2], [0, 1], turn)
+    state, tokens, _, emitted = sampler.decode(state, 3)
+    replies = [[first[i], *tokens[i][emitted[i]]] for i in range(2)]
+    observations = [[20, 21, 22], [30]]
+    with pytest.raises(ValueError, match="do not fit a cache"):
+        sampler.extend(state, [[1] * 30], [0], turn)
+    state, first, logp, _ = sampler.extend(state, observations, [0, 1], turn)
+    state, tokens, logps, emitted = sampler.decode(state, 3)
+    for i in range(2):
+        second = [first[i], *tokens[i][emitted[i]]]
+        second_logp = [logp[i], *logps[i][emitted[i]]]
+        history = PROMPTS[i] + replies[i] + observations[i]
+        ref_logp, _ = reference([history + second])
+        expected = ref_logp[0, len(history) - 1 : len(history) - 1 + len(second)]
+        np.testing.assert_allclose(second_logp, expected, atol=1e-5)
+        fresh = sampler.generate([history], turn)
+        np.testing.assert_array_equal(second, fresh.tokens[0, : fresh.lengths[0]])
+
+
 def test_bad_requests_raise_clear_errors(sampler):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         sampler.generate([[1], []])
