@@ -1,0 +1,442 @@
+"""Multi-turn ALFWorld episodes on a batch of envs, one KV-cache slot per env.
+
+Continuous batching ("slot refill"): whenever a slot's reply is complete, its env steps at
+once and the slot is refilled with the next turn's prompt (or a new game) at the next
+dispatch, while the other slots keep decoding. Nothing waits for the slowest reply of the
+batch. `refill="lockstep"` instead prefills only once every slot has finished its reply
+(classic batched turns), for comparison.
+
+Weights may change between dispatches (`before_dispatch`, where the async engine syncs): each
+sampled token records the version that produced it, so a reply interrupted by a weight update
+carries both versions (AReaL's interruptible generation, without discarding the cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+import uuid
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from atdp_io import DecodingParams
+from sao_jax.envs.alfworld import AlfworldEnv, BatchedAlfworldEnv, GameSampler, parse_reply
+from sao_jax.rollout.episode import Episode, Turn
+from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
+from sao_jax.rollout.sampler import Sampler
+from sao_jax.rollout.sampling import SamplingParams
+from sao_jax.tokenizers import Tokenizer
+
+REFILL_MODES = ("continuous", "lockstep")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How episodes are prompted, sampled and rewarded.
+
+    layout: "windowed" (each turn a fresh prompt with the last `history_length` steps) or
+      "concat" (one growing token stream per episode).
+    think: ask for `<think>` reasoning before `<action>` (off for small models).
+    win_reward, invalid_reply_penalty: reward on the winning step; added on a malformed reply.
+    max_new_tokens: reply length cap (the stop token counts).
+    max_context_tokens: KV-cache positions per slot: a turn's input + reply must fit (the cap
+      of a whole concat episode); at most the model's `max_seq_len`.
+    temperature, top_k, top_p: decoding (temperature 0 is greedy); log-probs are recorded at
+      temperature 1 whatever these are.
+    group_size: G plays of each game, started together and written together (GRPO groups).
+    decode_chunk: decode steps per dispatch (more: less Python overhead; fewer: finished slots
+      refill sooner).
+    refill: "continuous" (refill finished slots at once) or "lockstep".
+    seed: base of every call's sampling seed.
+    model_id: recorded with every LLM call.
+    """
+
+    layout: str = "windowed"
+    history_length: int = 2
+    think: bool = False
+    win_reward: float = 10.0
+    invalid_reply_penalty: float = -0.1
+    max_new_tokens: int = 32
+    max_context_tokens: int = 1024
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    group_size: int = 1
+    decode_chunk: int = 8
+    refill: str = "continuous"
+    seed: int = 0
+    model_id: str = "sao_jax-policy"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"RolloutConfig.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.refill not in REFILL_MODES:
+            raise ValueError(
+                f"RolloutConfig.refill must be one of {REFILL_MODES}, got {self.refill!r}"
+            )
+        for name in ("max_new_tokens", "max_context_tokens", "group_size", "decode_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RolloutConfig.{name} must be a positive int, got {value!r}")
+        if self.history_length < 0:
+            raise ValueError(
+                f"RolloutConfig.history_length must be >= 0, got {self.history_length}"
+            )
+        if self.max_new_tokens >= self.max_context_tokens:
+            raise ValueError(
+                f"RolloutConfig.max_new_tokens ({self.max_new_tokens}) must be below "
+                f"max_context_tokens ({self.max_context_tokens})"
+            )
+        # Validates temperature / top_k / top_p with the sampler's own messages.
+        SamplingParams(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+
+    def sampling(self, stop_ids: Sequence[int], seed: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=tuple(stop_ids),
+            seed=seed,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """Which ALFWorld games are played and how (see `AlfworldEnv`)."""
+
+    split: str = "train"
+    size: str = "small"
+    phrasing: str = "0.4.2"
+    max_steps: int = 50
+    seed: int = 0
+
+    def make_envs(
+        self, num_envs: int, *, indices: Sequence[int] | None = None
+    ) -> list[AlfworldEnv]:
+        """`num_envs` envs sharing one game stream (distinct games until the split runs out)."""
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        sampler = GameSampler(self.split, seed=self.seed, indices=indices)
+        return [
+            AlfworldEnv(
+                self.split,
+                size=self.size,
+                phrasing=self.phrasing,
+                max_steps=self.max_steps,
+                sampler=sampler,
+            )
+            for _ in range(num_envs)
+        ]
+
+
+@dataclasses.dataclass
+class _Slot:
+    """The episode in progress in one slot and its current turn."""
+
+    env: AlfworldEnv
+    episode_id: str
+    game_index: int
+    group_id: int
+    member: int
+    observation: str
+    info: dict
+    input_ids: list[int]
+    started_at: float
+    history: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    out_ids: list[int] = dataclasses.field(default_factory=list)
+    out_logp: list[float] = dataclasses.field(default_factory=list)
+    out_versions: list[int] = dataclasses.field(default_factory=list)
+    seed: int = 0
+    turn_started: float = 0.0
+
+
+class AgentLoop:
+    """Plays episodes with one `Sampler` over `envs` (one KV-cache slot each).
+
+    Args:
+      sampler: the policy's sampler (its weights and version are read at every dispatch).
+      tokenizer: the policy's tokenizer (ChatML markers required).
+      envs: a list of `AlfworldEnv` or a `BatchedAlfworldEnv` (its envs are used directly).
+      config: `RolloutConfig`.
+      worker_id, run_id: make episode ids unique across workers and runs.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        tokenizer: Tokenizer,
+        envs: Sequence[AlfworldEnv] | BatchedAlfworldEnv,
+        config: RolloutConfig = RolloutConfig(),
+        *,
+        worker_id: int = 0,
+        run_id: str | None = None,
+    ):
+        envs = list(envs.envs if isinstance(envs, BatchedAlfworldEnv) else envs)
+        if not envs or not all(isinstance(e, AlfworldEnv) for e in envs):
+            raise ValueError("AgentLoop needs a non-empty list of AlfworldEnv (or a batched env)")
+        model = sampler.config
+        if config.max_context_tokens > model.max_seq_len:
+            raise ValueError(
+                f"RolloutConfig.max_context_tokens ({config.max_context_tokens}) exceeds the "
+                f"model's max_seq_len ({model.max_seq_len})"
+            )
+        if tokenizer.vocab_size > model.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                f"{model.vocab_size}"
+            )
+        self.sampler, self.tokenizer, self.envs, self.config = sampler, tokenizer, envs, config
+        self.worker_id = worker_id
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.prompts = PromptBuilder(
+            tokenizer, config.layout, history_length=config.history_length, think=config.think
+        )
+        self.stop_ids = tuple(tokenizer.stop_ids)
+        stop_names = tuple(tokenizer.decode([i]) for i in self.stop_ids)
+        self.decoding = DecodingParams(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            max_tokens=config.max_new_tokens,
+            stop=stop_names,
+        )
+        self._state = sampler.init_state(len(envs), config.max_context_tokens)
+        self._groups = itertools.count()
+        self.abandoned_episodes = 0  # started but never finished (play stopped early)
+
+    # ------------------------------------------------------------------------------ play
+    def play(
+        self,
+        games: Iterable[int] | None = None,
+        *,
+        max_episodes: int | None = None,
+        admit: Callable[[int, bool], bool] | None = None,
+        before_dispatch: Callable[[], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[list[Episode]]:
+        """Play until `games` runs out, `max_episodes` have started, or `stop()`; yield each
+        finished group (its G episodes in member order).
+
+        games: game indices of the envs' split (each played `group_size` times); default the
+          envs' own endless game stream.
+        admit(n, block): asked before starting a group of n episodes; `block` is True when no
+          slot is busy (wait for room, or return False to end the play).
+        before_dispatch(): called before every prefill / decode (the weight-sync point).
+        stop(): checked every dispatch; in-progress episodes are then abandoned.
+        """
+        config, group_size = self.config, self.config.group_size
+        if games is None:
+            shared = self.envs[0].sampler
+            games = (shared.next_index() for _ in itertools.count())
+        games = iter(games)
+        slots: list[_Slot | None] = [None] * len(self.envs)
+        waiting: deque[tuple[int, int, int]] = deque()  # (game index, group id, member)
+        groups: dict[int, list[Episode | None]] = {}
+        ready: list[int] = []  # slots holding a prompt not yet prefilled
+        generating: set[int] = set()
+        started, yielded, exhausted = 0, 0, False
+        if np.asarray(self._state.active).any():  # a previous play was stopped mid-reply
+            self._state = self.sampler.init_state(len(self.envs), config.max_context_tokens)
+
+        def admit_group(block: bool) -> bool:
+            nonlocal started, exhausted
+            if exhausted or (max_episodes is not None and started + group_size > max_episodes):
+                exhausted = True
+                return False
+            if admit is not None and not admit(group_size, block):
+                return False
+            index = next(games, None)
+            if index is None:
+                exhausted = True
+                return False
+            group = next(self._groups)
+            groups[group] = [None] * group_size
+            waiting.extend((index, group, m) for m in range(group_size))
+            started += group_size
+            return True
+
+        try:
+            while not (stop is not None and stop()):
+                for b in range(len(slots)):
+                    if slots[b] is not None:
+                        continue
+                    if not waiting and not admit_group(block=False):
+                        break
+                    slots[b] = self._start(b, *waiting.popleft())
+                    ready.append(b)
+                if not ready and not generating:
+                    if waiting or admit_group(block=True):
+                        continue
+                    break
+                finished: list[int] = []
+                if ready and (config.refill == "continuous" or not generating):
+                    finished += self._prefill(slots, ready, generating, before_dispatch)
+                    ready = []
+                if generating:
+                    finished += self._decode(slots, generating, before_dispatch)
+                done_groups = []
+                for b in finished:
+                    episode = self._end_turn(slots[b])
+                    if episode is None:
+                        ready.append(b)
+                        continue
+                    slots[b] = None
+                    members = groups[episode.group_id]
+                    members[episode.member] = episode
+                    if all(e is not None for e in members):
+                        done_groups.append(groups.pop(episode.group_id))
+                for group in done_groups:
+                    yielded += len(group)
+                    yield group
+        finally:
+            self.abandoned_episodes += started - yielded
+
+    # ------------------------------------------------------------------------- internals
+    def _start(self, b: int, index: int, group: int, member: int) -> _Slot:
+        env = self.envs[b]
+        observation, info = env.reset(index)
+        ids = self.prompts.first(info["task"], observation, info["admissible_commands"])
+        if len(ids) + self.config.max_new_tokens - 1 > self.config.max_context_tokens:
+            raise ValueError(
+                f"game {index}: the first prompt has {len(ids)} tokens; with max_new_tokens="
+                f"{self.config.max_new_tokens} it does not fit max_context_tokens="
+                f"{self.config.max_context_tokens}"
+            )
+        return _Slot(
+            env=env,
+            episode_id=f"{self.run_id}-w{self.worker_id}-g{group}-m{member}",
+            game_index=index,
+            group_id=group,
+            member=member,
+            observation=observation,
+            info=info,
+            input_ids=ids,
+            started_at=time.time(),
+        )
+
+    def _call_seed(self, slot: _Slot) -> int:
+        key = f"{self.config.seed}/{slot.episode_id}/{len(slot.turns)}"
+        return zlib.crc32(key.encode())
+
+    def _prefill(self, slots, ready, generating, before_dispatch) -> list[int]:
+        if before_dispatch is not None:
+            before_dispatch()
+        version = self.sampler.policy_version
+        sampling = []
+        for b in ready:
+            slot = slots[b]
+            slot.seed, slot.turn_started = self._call_seed(slot), time.time()
+            slot.out_ids, slot.out_logp, slot.out_versions = [], [], []
+            sampling.append(self.config.sampling(self.stop_ids, slot.seed))
+        prompts = [slots[b].input_ids for b in ready]
+        self._state, first, logp, done = self.sampler.prefill(self._state, prompts, ready, sampling)
+        finished = []
+        for i, b in enumerate(ready):
+            slot = slots[b]
+            slot.out_ids.append(int(first[i]))
+            slot.out_logp.append(float(logp[i]))
+            slot.out_versions.append(version)
+            if done[i]:
+                finished.append(b)
+            else:
+                generating.add(b)
+        return finished
+
+    def _decode(self, slots, generating, before_dispatch) -> list[int]:
+        if before_dispatch is not None:
+            before_dispatch()
+        version = self.sampler.policy_version
+        self._state, tokens, logp, emitted = self.sampler.decode(
+            self._state, self.config.decode_chunk
+        )
+        active = np.asarray(self._state.active)
+        finished = []
+        for b in sorted(generating):
+            slot, n = slots[b], int(emitted[b].sum())
+            slot.out_ids += tokens[b, :n].tolist()
+            slot.out_logp += logp[b, :n].tolist()
+            slot.out_versions += [version] * n
+            if not active[b]:
+                finished.append(b)
+        generating.difference_update(finished)
+        return finished
+
+    def _end_turn(self, slot: _Slot) -> Episode | None:
+        """Step the env with the finished reply; the finished Episode, or None to continue."""
+        config = self.config
+        out_ids = np.asarray(slot.out_ids, np.int32)
+        reply = self.tokenizer.decode(out_ids, skip_special_tokens=True)
+        parsed = parse_reply(reply, think=config.think)
+        command = parsed.action if parsed.valid else ""
+        observation, won_reward, done, info = slot.env.step(command)
+        slot.turns.append(
+            Turn(
+                input_ids=np.asarray(slot.input_ids, np.int32),
+                output_ids=out_ids,
+                output_logprobs=np.asarray(slot.out_logp, np.float32),
+                output_versions=np.asarray(slot.out_versions, np.int32),
+                finish_reason="stop" if out_ids[-1] in self.stop_ids else "length",
+                reply=reply,
+                thought=parsed.thought,
+                command=command,
+                valid_reply=parsed.valid,
+                parse_error=parsed.error,
+                observation=slot.observation,
+                next_observation=observation,
+                admissible=bool(info["admissible"]),
+                won=bool(info["won"]),
+                env_reward=config.win_reward * float(won_reward),
+                format_reward=0.0 if parsed.valid else config.invalid_reply_penalty,
+                seed=slot.seed,
+                started_at=slot.turn_started,
+                latency_s=time.time() - slot.turn_started,
+            )
+        )
+        slot.history.append((slot.observation, command))
+        if done:
+            return self._episode(slot, None if info["won"] else "step_limit")
+        next_ids = self.prompts.next(
+            previous_input=slot.input_ids,
+            previous_output=slot.out_ids,
+            task=info["task"],
+            observation=observation,
+            admissible=info["admissible_commands"],
+            history=slot.history,
+        )
+        if len(next_ids) + config.max_new_tokens - 1 > config.max_context_tokens:
+            return self._episode(slot, "context")
+        slot.input_ids, slot.observation, slot.info = next_ids, observation, info
+        return None
+
+    def _episode(self, slot: _Slot, truncated_by: str | None) -> Episode:
+        env, info = slot.env, slot.info
+        return Episode(
+            episode_id=slot.episode_id,
+            source="rollout",
+            split=env.split,
+            game_index=slot.game_index,
+            game_id=info["game_id"],
+            task=info["task"],
+            task_type=info["task_type"],
+            size=env.size,
+            phrasing=env.phrasing,
+            max_steps=env.max_steps,
+            layout=self.config.layout,
+            group_id=slot.group_id,
+            group_size=self.config.group_size,
+            member=slot.member,
+            turns=tuple(slot.turns),
+            won=truncated_by is None,
+            truncated_by=truncated_by,
+            model_id=self.config.model_id,
+            template_fingerprint=self.prompts.fingerprint,
+            decoding=self.decoding,
+            worker_id=self.worker_id,
+            started_at=slot.started_at,
+        )

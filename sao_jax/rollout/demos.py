@@ -1,0 +1,168 @@
+"""Expert demonstrations in exactly the policy's format, written to ATDP for behaviour cloning.
+
+The expert's command at each step is rendered as the reply the policy is asked for
+(`<action>cmd</action>`, after an empty `<think></think>` when `think` is on) and placed in the
+same token layout as rollouts (`PromptBuilder`), so a model cloned on demos sees at test time
+exactly the prompts it was trained on. Demos are marked three ways: `header.task["source"] =
+"expert_demo"`, `model_id` of the expert, and `decoding.extra["logprobs"] = "absent"` (their
+`output_logprobs` are zeros, not a policy's log-probs: never use them as behaviour log-probs).
+Write them to their own tenant so an RL loader never mixes them with rollouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import numpy as np
+
+from atdp_io import DecodingParams, PartitionWriter
+from sao_jax.envs.alfworld import AlfworldEnv, parse_reply
+from sao_jax.rollout.agent_loop import EnvConfig, RolloutConfig
+from sao_jax.rollout.episode import Episode, Turn
+from sao_jax.rollout.prompts import PromptBuilder
+from sao_jax.rollout.stats import RolloutStats
+from sao_jax.tokenizers import Tokenizer
+
+EXPERT_MODEL_ID = "alfworld-expert"
+
+
+def expert_reply(command: str, *, think: bool) -> str:
+    """The reply text the policy should produce for `command`."""
+    return f"{'<think></think>' if think else ''}<action>{command}</action>"
+
+
+def collect_expert_demos(
+    writer: PartitionWriter,
+    tokenizer: Tokenizer,
+    *,
+    num_episodes: int,
+    rollout: RolloutConfig | None = None,
+    env: EnvConfig | None = None,
+    run_id: str | None = None,
+    write_batch: int = 32,
+) -> dict:
+    """Play `num_episodes` games of `env` with the expert and write them through `writer`.
+
+    rollout: layout, history, think, rewards and context cap (as for rollouts).
+    Returns `RolloutStats` counters of the demos (episodes, won, env_steps, ...).
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    rollout, env = rollout or RolloutConfig(), env or EnvConfig()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    builder = PromptBuilder(
+        tokenizer, rollout.layout, history_length=rollout.history_length, think=rollout.think
+    )
+    im_end = builder.im_end_id
+    decoding = DecodingParams(temperature=0.0, extra={"logprobs": "absent", "policy": "expert"})
+    (game_env,) = env.make_envs(1)
+    stats, pending = RolloutStats(), []
+    for e in range(num_episodes):
+        episode = _play_expert(game_env, tokenizer, builder, rollout, im_end, decoding)
+        episode = dataclasses.replace(episode, episode_id=f"{run_id}-demo-{e}")
+        pending.append(episode.to_trajectory(tenant=writer.tenant))
+        stats.add_episodes([episode])
+        if len(pending) >= write_batch:
+            writer.append_async(pending)
+            pending = []
+    if pending:
+        writer.append_async(pending)
+    writer.flush()
+    return stats.snapshot()
+
+
+def _play_expert(
+    env: AlfworldEnv,
+    tokenizer: Tokenizer,
+    builder: PromptBuilder,
+    rollout: RolloutConfig,
+    im_end: int,
+    decoding: DecodingParams,
+) -> Episode:
+    observation, info = env.reset()
+    game_index, started_at = env.game.index, time.time()
+    input_ids = builder.first(info["task"], observation, info["admissible_commands"])
+    turns, history, truncated_by = [], [], "step_limit"
+    while True:
+        if len(input_ids) + rollout.max_new_tokens - 1 > rollout.max_context_tokens:
+            truncated_by = "context"
+            break
+        command = env.expert_action()
+        reply = expert_reply(command, think=rollout.think)
+        output_ids = np.asarray([*tokenizer.encode(reply), im_end], np.int32)
+        if output_ids.shape[0] > rollout.max_new_tokens:
+            raise ValueError(
+                f"the expert reply {reply!r} is {output_ids.shape[0]} tokens, more than "
+                f"max_new_tokens={rollout.max_new_tokens}"
+            )
+        parsed = parse_reply(
+            tokenizer.decode(output_ids, skip_special_tokens=True), think=rollout.think
+        )
+        next_observation, won_reward, done, step_info = env.step(command)
+        turns.append(
+            Turn(
+                input_ids=np.asarray(input_ids, np.int32),
+                output_ids=output_ids,
+                output_logprobs=np.zeros(output_ids.shape, np.float32),
+                output_versions=np.zeros(output_ids.shape, np.int32),
+                finish_reason="stop",
+                reply=reply,
+                thought=parsed.thought,
+                command=command,
+                valid_reply=True,
+                parse_error=None,
+                observation=observation,
+                next_observation=next_observation,
+                admissible=bool(step_info["admissible"]),
+                won=bool(step_info["won"]),
+                env_reward=rollout.win_reward * float(won_reward),
+                format_reward=0.0,
+                seed=0,
+                started_at=time.time(),
+                latency_s=0.0,
+            )
+        )
+        history.append((observation, command))
+        if done:
+            truncated_by = None if step_info["won"] else "step_limit"
+            break
+        input_ids = builder.next(
+            previous_input=input_ids,
+            previous_output=output_ids.tolist(),
+            task=step_info["task"],
+            observation=next_observation,
+            admissible=step_info["admissible_commands"],
+            history=history,
+        )
+        observation = next_observation
+    if not turns:
+        raise ValueError(
+            f"game {game_index}: the first prompt ({len(input_ids)} tokens) does not fit "
+            f"max_context_tokens={rollout.max_context_tokens}"
+        )
+    return Episode(
+        episode_id="pending",
+        source="expert_demo",
+        split=env.split,
+        game_index=game_index,
+        game_id=info["game_id"],
+        task=info["task"],
+        task_type=info["task_type"],
+        size=env.size,
+        phrasing=env.phrasing,
+        max_steps=env.max_steps,
+        layout=rollout.layout,
+        group_id=0,
+        group_size=1,
+        member=0,
+        turns=tuple(turns),
+        won=truncated_by is None,
+        truncated_by=truncated_by,
+        model_id=EXPERT_MODEL_ID,
+        template_fingerprint=builder.fingerprint,
+        decoding=decoding,
+        worker_id=0,
+        started_at=started_at,
+    )

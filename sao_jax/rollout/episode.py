@@ -1,0 +1,222 @@
+"""A finished ALFWorld episode and its ATDP record.
+
+Each turn becomes two events: an `llm_call` (the lossless call: every input id, the sampled
+ids, their temperature-1 log-probs and per-token policy versions, decoding parameters, the
+prompt-template fingerprint) followed by the `env_step` it caused (the command, the resulting
+observation, the rewards). The loader credits an event's rewards to the last output token of
+the nearest LLM call at or before it, so the win reward and a malformed-reply penalty land on
+the action token of the turn that earned them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from atdp_io import (
+    Action,
+    ActionKind,
+    DecodingParams,
+    Envelope,
+    Event,
+    EventKind,
+    EventMetadata,
+    Governance,
+    LLMCall,
+    Outcome,
+    ReplayClass,
+    Reward,
+    Trajectory,
+    TrajectoryHeader,
+)
+
+SOURCES = ("rollout", "expert_demo")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Turn:
+    """One model call and the environment step it caused.
+
+    input_ids [P] int32: everything the model was given; output_ids [N] int32 (the stop token
+    included); output_logprobs [N] float32 at temperature 1 (zeros for expert demos);
+    output_versions [N] int32: the policy version that sampled each token.
+    """
+
+    input_ids: np.ndarray
+    output_ids: np.ndarray
+    output_logprobs: np.ndarray
+    output_versions: np.ndarray
+    finish_reason: str  # "stop" | "length"
+    reply: str  # decoded output, special tokens removed
+    thought: str | None
+    command: str  # what the env received ("" for a malformed reply)
+    valid_reply: bool
+    parse_error: str | None
+    observation: str  # what the model saw this turn
+    next_observation: str  # what the env answered
+    admissible: bool  # the command was admissible
+    won: bool
+    env_reward: float  # win_reward on the winning step, else 0
+    format_reward: float  # invalid_reply_penalty on a malformed reply, else 0
+    seed: int
+    started_at: float
+    latency_s: float
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights that sampled the first token."""
+        return int(self.output_versions[0]) if self.output_versions.size else 0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Episode:
+    """A finished episode on one game, with everything its ATDP record needs."""
+
+    episode_id: str
+    source: str  # "rollout" | "expert_demo"
+    split: str
+    game_index: int
+    game_id: str
+    task: str
+    task_type: str
+    size: str
+    phrasing: str
+    max_steps: int
+    layout: str
+    group_id: int
+    group_size: int
+    member: int
+    turns: tuple[Turn, ...]
+    won: bool
+    truncated_by: str | None  # None (won), "step_limit" or "context"
+    model_id: str
+    template_fingerprint: str
+    decoding: DecodingParams
+    worker_id: int
+    started_at: float
+
+    @property
+    def steps(self) -> int:
+        return len(self.turns)
+
+    @property
+    def invalid_replies(self) -> int:
+        return sum(not t.valid_reply for t in self.turns)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(t.env_reward + t.format_reward for t in self.turns))
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(int(t.output_ids.shape[0]) for t in self.turns)
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version among the episode's sampled tokens (0 without turns)."""
+        versions = [int(t.output_versions.min()) for t in self.turns if t.output_versions.size]
+        return min(versions, default=0)
+
+    def task_spec(self) -> dict:
+        """How to rebuild this episode's environment (header.task)."""
+        return {
+            "env": "alfworld",
+            "split": self.split,
+            "index": self.game_index,
+            "size": self.size,
+            "phrasing": self.phrasing,
+            "max_steps": self.max_steps,
+            "game_id": self.game_id,
+            "task_type": self.task_type,
+            "group_id": self.group_id,
+            "group_size": self.group_size,
+            "member": self.member,
+            "layout": self.layout,
+            "source": self.source,
+        }
+
+    def to_trajectory(self, *, tenant: str, expires_at: float | None = None) -> Trajectory:
+        """The ATDP trajectory of this episode (synthetic governance: training-eligible)."""
+        header = TrajectoryHeader(
+            trajectory_id=self.episode_id,
+            governance=Governance.synthetic(tenant, expires_at=expires_at),
+            created_at=self.started_at,
+            session_id=self.episode_id,
+            task=self.task_spec(),
+            envelope=Envelope(
+                harness_schema=self.template_fingerprint,
+                policy_checkpoint=f"{self.model_id}@v{self.min_version}",
+            ),
+        )
+        events: list[Event] = []
+        for k, turn in enumerate(self.turns):
+            events.append(self._llm_event(k, turn))
+            events.append(self._env_event(turn))
+        outcome = Outcome(
+            success=self.won,
+            terminated=self.truncated_by is None,
+            info={
+                "steps": self.steps,
+                "truncated_by": self.truncated_by,
+                "invalid_replies": self.invalid_replies,
+                "total_reward": self.total_reward,
+            },
+        )
+        return Trajectory(header, tuple(events), outcome)
+
+    def _llm_event(self, k: int, turn: Turn) -> Event:
+        demo = self.source == "expert_demo"
+        call = LLMCall(
+            model_id=self.model_id,
+            policy_version=turn.policy_version,
+            input_ids=turn.input_ids,
+            output_ids=turn.output_ids,
+            output_logprobs=turn.output_logprobs,
+            decoding=dataclasses.replace(self.decoding, seed=turn.seed),
+            prompt_template_fingerprint=self.template_fingerprint,
+            finish_reason=turn.finish_reason,
+            output_versions=turn.output_versions,
+        )
+        return Event(
+            kind=EventKind.LLM_CALL,
+            # A demo's reply was written by the expert, not sampled: re-scoring it is still
+            # well defined, re-sampling it is not.
+            replay=ReplayClass.APPROXIMATE if demo else ReplayClass.DETERMINISTIC,
+            observation=turn.observation,
+            hidden=turn.thought,
+            action=Action(ActionKind.COMMAND, text=turn.command),
+            metadata=EventMetadata(
+                timestamp=turn.started_at,
+                latency_s=max(turn.latency_s, 0.0),
+                prompt_tokens=int(turn.input_ids.shape[0]),
+                completion_tokens=int(turn.output_ids.shape[0]),
+                session_id=self.episode_id,
+                interaction_id=f"{self.episode_id}/t{k}",
+                harness_fingerprint=self.template_fingerprint,
+                model_id=self.model_id,
+            ),
+            llm=call,
+        )
+
+    @staticmethod
+    def _env_event(turn: Turn) -> Event:
+        rewards = []
+        if turn.env_reward:
+            rewards.append(Reward(turn.env_reward, "env"))
+        if turn.format_reward:
+            rewards.append(Reward(turn.format_reward, "format"))
+        return Event(
+            kind=EventKind.ENV_STEP,
+            replay=ReplayClass.DETERMINISTIC,  # our engine is a pure function of game + commands
+            observation=turn.next_observation,
+            action=Action(ActionKind.COMMAND, text=turn.command),
+            result={
+                "won": turn.won,
+                "admissible": turn.admissible,
+                "invalid_reply": not turn.valid_reply,
+                "parse_error": turn.parse_error,
+            },
+            rewards=tuple(rewards),
+            error_class="" if turn.valid_reply else "invalid_reply",
+        )

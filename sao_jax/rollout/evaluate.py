@@ -1,0 +1,101 @@
+"""Batched greedy evaluation on an ALFWorld split: success overall and per task type.
+
+Every game of the split (or the first `num_games`) is played exactly once with greedy
+decoding over `num_envs` KV-cache slots. MoE routing in the sampler is dropless and each
+row's result is independent of its batch neighbours, so the result is a pure function of the
+weights, the games and the configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from sao_jax.envs.alfworld import SPLITS
+from sao_jax.models import Transformer
+from sao_jax.rollout.agent_loop import AgentLoop, EnvConfig, RolloutConfig
+from sao_jax.rollout.sampler import Sampler
+from sao_jax.rollout.stats import RolloutStats
+from sao_jax.tokenizers import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """success_rate, avg_steps, invalid_reply_rate (per env step) and avg_reward over
+    `episodes` games of `split`; by_task_type = {task type: {episodes, won, success_rate}}
+    (types with no game in the evaluated subset have 0 episodes)."""
+
+    split: str
+    episodes: int
+    success_rate: float
+    by_task_type: dict[str, dict[str, float]]
+    avg_steps: float
+    invalid_reply_rate: float
+    avg_reward: float
+    truncated_context: int
+    policy_version: int
+    wall_seconds: float
+
+    def metrics(self, prefix: str | None = None) -> dict[str, float]:
+        """Flat scalars for a metrics log: `{prefix}/success`, `{prefix}/success/<task type>`, ..."""
+        prefix = prefix or f"eval/{self.split}"
+        out = {
+            f"{prefix}/success": self.success_rate,
+            f"{prefix}/avg_steps": self.avg_steps,
+            f"{prefix}/invalid_reply_rate": self.invalid_reply_rate,
+            f"{prefix}/avg_reward": self.avg_reward,
+        }
+        for task_type, row in self.by_task_type.items():
+            if row["episodes"]:
+                out[f"{prefix}/success/{task_type}"] = row["success_rate"]
+        return out
+
+
+def evaluate(
+    policy: Sampler | Transformer,
+    tokenizer: Tokenizer,
+    *,
+    split: str = "valid_unseen",
+    num_games: int | None = None,
+    num_envs: int = 32,
+    rollout: RolloutConfig | None = None,
+    env: EnvConfig | None = None,
+) -> EvalResult:
+    """Greedy success of `policy` on games 0..num_games-1 of `split` (all by default).
+
+    policy: a `Sampler` (reuse one across evaluations: it keeps its compiled kernels; set its
+      weights with `update_weights` first) or a `Transformer` (a fresh sampler is built).
+    rollout: prompt / layout / reward settings; decoding is forced greedy and group_size 1.
+    env: size, phrasing and max_steps of the games (its split and seed are ignored).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLITS)}")
+    total = SPLITS[split]
+    n = total if num_games is None else num_games
+    if not isinstance(n, int) or not 1 <= n <= total:
+        raise ValueError(f"num_games must be in [1, {total}] for {split!r}, got {num_games!r}")
+    rollout = dataclasses.replace(
+        rollout or RolloutConfig(), temperature=0.0, top_k=0, top_p=1.0, group_size=1
+    )
+    env = dataclasses.replace(env or EnvConfig(), split=split)
+    if isinstance(policy, Transformer):
+        policy = Sampler(policy, pad_id=tokenizer.pad_id)
+    start = time.perf_counter()
+    envs = env.make_envs(min(num_envs, n))
+    loop = AgentLoop(policy, tokenizer, envs, rollout, run_id=f"eval-{split}")
+    stats = RolloutStats()
+    for group in loop.play(range(n)):
+        stats.add_episodes(group)
+    s = stats.snapshot()
+    return EvalResult(
+        split=split,
+        episodes=s["episodes"],
+        success_rate=s["success_rate"],
+        by_task_type=s["by_task_type"],
+        avg_steps=s["avg_steps"],
+        invalid_reply_rate=s["invalid_reply_rate"],
+        avg_reward=s["avg_reward"],
+        truncated_context=s["truncated_context"],
+        policy_version=policy.policy_version,
+        wall_seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,116 @@
+"""Token layouts of an ALFWorld episode: what the model is given at each turn.
+
+- `windowed`: every turn is its own chat prompt, the harness prompt with the last h
+  observation/action pairs as history (`render_prompt`), encoded with the chat template.
+- `concat`: the whole episode is one token stream. Turn 0 is the harness prompt; turn k's input
+  is exactly turn k-1's input + its output + the new observation turn, built by appending ids
+  and never by re-tokenising, so the ATDP loader's concat merge (prefix property) holds and the
+  KV cache of a real server could be reused.
+
+The concat observation turn carries what changed (observation, step count, admissible actions)
+in the harness's own wording; the task and the history are already in the context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from sao_jax.envs.alfworld.harness import (
+    ACTION_INSTRUCTIONS,
+    SYSTEM_LINE,
+    THINK_INSTRUCTIONS,
+    observation_text,
+    render_prompt,
+)
+from sao_jax.tokenizers import Tokenizer
+from sao_jax.tokenizers.chat_template import CHATML_JINJA_TEMPLATE, IM_END, IM_START
+
+LAYOUTS = ("windowed", "concat")
+
+
+def followup_text(observation: str, admissible: Sequence[str], *, step: int, think: bool) -> str:
+    """The user turn a concat episode appends after each step (the task is already above)."""
+    actions = ", ".join(f"'{command}'" for command in admissible)
+    return "\n".join(
+        [
+            f"You are now at step {step + 1} and your current observation is: "
+            f"{observation_text(observation)}",
+            f"Your admissible actions of the current situation are: [{actions}].",
+            "",
+            "Now it's your turn to take an action.",
+            THINK_INSTRUCTIONS if think else ACTION_INSTRUCTIONS,
+        ]
+    )
+
+
+class PromptBuilder:
+    """Builds each turn's model input ids for one layout.
+
+    Args:
+      tokenizer: any `Tokenizer` with ChatML markers (`<|im_start|>`, `<|im_end|>`).
+      layout: "windowed" or "concat".
+      history_length: h, past (observation, action) pairs a windowed prompt shows.
+      think: ask for `<think>` reasoning before the action.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, layout: str, *, history_length: int, think: bool):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        im_end = tokenizer.token_to_id(IM_END)
+        if im_end is None or tokenizer.token_to_id(IM_START) is None:
+            raise ValueError("the tokenizer has no single <|im_start|> / <|im_end|> tokens")
+        self.tokenizer, self.layout = tokenizer, layout
+        self.history_length, self.think = history_length, think
+        self.im_end_id = im_end
+        self.fingerprint = template_fingerprint(layout, history_length, think)
+
+    def first(self, task: str, observation: str, admissible: Sequence[str]) -> list[int]:
+        """Turn 0's input ids (both layouts): the harness prompt as one user turn."""
+        return self._chat(render_prompt(task, observation, admissible, think=self.think))
+
+    def next(
+        self,
+        *,
+        previous_input: Sequence[int],
+        previous_output: Sequence[int],
+        task: str,
+        observation: str,
+        admissible: Sequence[str],
+        history: Sequence[tuple[str, str]],
+    ) -> list[int]:
+        """The input ids of the turn after `history[-1]` (history: every (observation, command)
+        pair so far, oldest first)."""
+        if self.layout == "windowed":
+            prompt = render_prompt(
+                task,
+                observation,
+                admissible,
+                history=history,
+                step=len(history),
+                history_length=self.history_length,
+                think=self.think,
+            )
+            return self._chat(prompt)
+        ids = list(previous_input) + list(previous_output)
+        # A reply cut by the token limit never closed its turn; ChatML needs the marker.
+        if not previous_output or previous_output[-1] != self.im_end_id:
+            ids.append(self.im_end_id)
+        text = followup_text(observation, admissible, step=len(history), think=self.think)
+        ids += self.tokenizer.encode(f"\n{IM_START}user\n{text}{IM_END}\n{IM_START}assistant\n")
+        return ids
+
+    def _chat(self, user_text: str) -> list[int]:
+        return self.tokenizer.encode_chat([{"role": "user", "content": user_text}])
+
+
+def template_fingerprint(layout: str, history_length: int, think: bool) -> str:
+    """A short stable hash of everything that shapes a prompt, recorded with every LLM call."""
+    parts = [
+        SYSTEM_LINE,
+        THINK_INSTRUCTIONS if think else ACTION_INSTRUCTIONS,
+        followup_text("", [], step=0, think=think) if layout == "concat" else "",
+        f"layout={layout} h={history_length if layout == 'windowed' else 'all'}",
+        CHATML_JINJA_TEMPLATE,
+    ]
+    return "alfworld-" + hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]

@@ -1,0 +1,76 @@
+"""Thread-safe counters of what rollouts produced: episodes, steps, tokens, drops, success."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+
+from sao_jax.envs.alfworld import TASK_TYPES
+from sao_jax.rollout.episode import Episode
+
+
+class RolloutStats:
+    """Accumulates finished episodes and named counters from any number of threads.
+
+    `snapshot()` returns plain numbers: episodes, won, success_rate, env_steps, llm_calls,
+    generated_tokens, prompt_tokens, invalid_replies, invalid_reply_rate, avg_steps,
+    truncated_context, truncated_step_limit, every counter given to `add` (dropped_stale,
+    weight_syncs, rollout_seconds, ...), and `by_task_type` = {task type: {episodes, won,
+    success_rate}}.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: Counter = Counter()
+        self._by_type = {t: [0, 0] for t in TASK_TYPES}  # [episodes, won]
+
+    def add(self, key: str, value: float = 1) -> None:
+        with self._lock:
+            self._counts[key] += value
+
+    def add_episodes(self, episodes: Iterable[Episode]) -> None:
+        for episode in episodes:
+            turns = episode.turns
+            with self._lock:
+                c = self._counts
+                c["episodes"] += 1
+                c["won"] += int(episode.won)
+                c["env_steps"] += len(turns)
+                c["llm_calls"] += len(turns)
+                c["generated_tokens"] += episode.generated_tokens
+                c["prompt_tokens"] += sum(int(t.input_ids.shape[0]) for t in turns)
+                c["invalid_replies"] += episode.invalid_replies
+                c["truncated_context"] += int(episode.truncated_by == "context")
+                c["truncated_step_limit"] += int(episode.truncated_by == "step_limit")
+                c["reward_sum"] += episode.total_reward
+                counts = self._by_type.setdefault(episode.task_type, [0, 0])
+                counts[0] += 1
+                counts[1] += int(episode.won)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            counts = dict(self._counts)
+            by_type = {t: list(v) for t, v in self._by_type.items()}
+        episodes, steps = counts.get("episodes", 0), counts.get("env_steps", 0)
+        for key in (
+            "episodes",
+            "won",
+            "env_steps",
+            "llm_calls",
+            "generated_tokens",
+            "prompt_tokens",
+            "invalid_replies",
+            "truncated_context",
+            "truncated_step_limit",
+        ):
+            counts.setdefault(key, 0)
+        counts["success_rate"] = counts["won"] / episodes if episodes else 0.0
+        counts["avg_steps"] = steps / episodes if episodes else 0.0
+        counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
+        counts["invalid_reply_rate"] = counts["invalid_replies"] / steps if steps else 0.0
+        counts["by_task_type"] = {
+            t: {"episodes": n, "won": w, "success_rate": w / n if n else 0.0}
+            for t, (n, w) in by_type.items()
+        }
+        return counts
