@@ -135,38 +135,39 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     """Grouped-query softmax attention, softmax in float32.
 
     Args:
-      q: [B, T, H, Dh]; k, v: [B, S, K, Dh] with H a multiple of K; mask: [B, T, S] bool.
+      q: [B, T, H, Dh]; k, v: head-major [B, K, S, Dh] with H a multiple of K;
+      mask: [B, T, S] bool.
     Returns:
       [B, T, H, Dh].
     """
     b, t, h, dh = q.shape
-    s, kv_heads = k.shape[1], k.shape[2]
+    kv_heads, s = k.shape[1], k.shape[2]
     g = h // kv_heads
-    # Head-major layout: the G query heads sharing a kv head are stacked along the query axis,
-    # so both products are plain batched matmuls over (B, K) (2x faster than grouped einsums
-    # on XLA:CPU) and K/V are never repeated.
+    # The G query heads sharing a kv head are stacked along the query axis, so both products
+    # are plain batched matmuls over (B, K) (2x faster than grouped einsums on XLA:CPU) and
+    # K/V are never repeated.
     qh = q.reshape(b, t, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, dh)
-    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    scores = jnp.einsum("bkqd,bksd->bkqs", qh, kh, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("bkqd,bksd->bkqs", qh, k, preferred_element_type=jnp.float32)
     mask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
     scores = jnp.where(mask, scores * dh**-0.5, _MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, vh)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     return out.reshape(b, kv_heads, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
 def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array, valid: jax.Array) -> jax.Array:
-    """Write new keys/values into a per-row cache at their positions.
+    """Write new keys/values into a per-row, head-major cache at their positions.
 
     Args:
-      cache: [B, S, K, Dh]; new: [B, T, K, Dh]; positions: [B, T]; valid: [B, T] bool.
+      cache: [B, K, S, Dh]; new: [B, K, T, Dh]; positions: [B, T]; valid: [B, T] bool.
     Returns:
       the updated cache; invalid (padding) tokens write nothing.
     """
-    slots = cache.shape[1]
+    slots = cache.shape[2]
     index = jnp.where(valid, positions, slots)  # out of range -> dropped
     rows = jnp.arange(cache.shape[0])[:, None]
-    return cache.at[rows, index].set(new.astype(cache.dtype), mode="drop")
+    # Advanced indices (rows, index) broadcast to [B, T] and lead the update: [B, T, K, Dh].
+    return cache.at[rows, :, index].set(new.transpose(0, 2, 1, 3).astype(cache.dtype), mode="drop")
 
 
 class Attention(nnx.Module):
@@ -192,7 +193,7 @@ class Attention(nnx.Module):
 
         Args:
           x: [B, T, D]; ctx: from `attention_context` (its mask spans the cache if one is used).
-          kv_cache: optional (keys, values), each [B, S, K, Dh]; token t of row b is written at
+          kv_cache: optional (keys, values), each [B, K, S, Dh]; token t of row b is written at
             slot ctx.positions[b, t] (padding writes nothing).
         Returns:
           ([B, T, D], updated cache or None).
@@ -204,8 +205,10 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = shard(apply_rope(q, ctx.cos, ctx.sin), ("batch", "length", "act_heads", None))
-        k = shard(apply_rope(k, ctx.cos, ctx.sin), ("batch", "length", "act_kv_heads", None))
-        v = shard(v, ("batch", "length", "act_kv_heads", None))
+        # Keys and values head-major, the layout of the KV cache (no per-step transposes).
+        k = apply_rope(k, ctx.cos, ctx.sin).transpose(0, 2, 1, 3)
+        k = shard(k, ("batch", "act_kv_heads", "length", None))
+        v = shard(v.transpose(0, 2, 1, 3), ("batch", "act_kv_heads", "length", None))
         new_cache = None
         if kv_cache is not None:
             k = write_kv(kv_cache[0], k, ctx.positions, ctx.valid)

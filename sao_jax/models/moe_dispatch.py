@@ -178,7 +178,12 @@ def _overflow_blocks(
 
         return None, jax.lax.cond(used, swiglu, jnp.zeros_like, rows)
 
-    _, out = jax.lax.scan(one_block, None, (blocks, owner, block_ids < block_end[-1]))
+    def run_blocks(blocks: jax.Array) -> jax.Array:
+        used = block_ids < block_end[-1]
+        return jax.lax.scan(one_block, None, (blocks, owner, used))[1]
+
+    # Most steps have no overflow at all: skip the whole scan then, not block by block.
+    out = jax.lax.cond(block_end[-1] > 0, run_blocks, jnp.zeros_like, blocks)
     return _from_slots(out.reshape(max_blocks * b, d), order, slot)
 
 
@@ -195,7 +200,9 @@ def sorted_capacity(
     k = routing.expert_index.shape[1]
     e = weights.num_experts
     dropless = capacity_factor <= 0
-    c = expert_capacity(n, k, e, 1.0 if dropless else capacity_factor)
+    c = expert_capacity(n, k, e, capacity_factor)
+    if dropless:  # balanced share; >= 2 so decode steps rarely need the second pass
+        c = min(n, max(2, math.ceil(n * k / e)))
     order, sorted_expert, rank, counts = _sort_by_expert(routing, e)
     keep = (rank < c) & (sorted_expert < e)
     slot = jnp.where(keep, sorted_expert * c + rank, e * c)  # e * c: nowhere (dropped)
@@ -203,7 +210,7 @@ def sorted_capacity(
     buffer = shard(buffer, ("act_experts", "capacity", "act_embed"))
     out = grouped_swiglu(buffer, weights).reshape(e * c, d)
     y_assign = _from_slots(out, order, slot)
-    if not dropless:
+    if not dropless or c == n:  # C = N: nothing can overflow
         return _combine(y_assign, routing), jnp.sum(keep, dtype=jnp.int32)
     y_assign = y_assign + _overflow_blocks(x, order, sorted_expert, rank, counts, c, weights)
     return _combine(y_assign, routing), jnp.sum(sorted_expert < e, dtype=jnp.int32)

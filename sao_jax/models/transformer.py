@@ -33,7 +33,7 @@ from sao_jax.sharding import LogicalRules, init_sharded, shard
 @struct.dataclass
 class ForwardOutput:
     """hidden: [B, T, D] after the final norm; aux: MoE losses and router stats;
-    kv_cache: per-layer (keys, values) [B, S, K, Dh] when a cache was passed in, else None."""
+    kv_cache: per-layer (keys, values) [B, K, S, Dh] when a cache was passed in, else None."""
 
     hidden: jax.Array
     aux: MoeAux
@@ -99,7 +99,7 @@ class Backbone(nnx.Module):
           positions: [B, T] RoPE positions (default 0..T-1; restart them per packed segment).
           segment_ids: [B, T] int32; tokens attend only within their segment, 0 marks padding
             (padding never changes other tokens' results, MoE statistics or capacity use).
-          kv_cache: optional per-layer (keys, values) [B, S, K, Dh]; with a cache, row b's token
+          kv_cache: optional per-layer (keys, values) [B, K, S, Dh]; with a cache, row b's token
             t is written at slot positions[b, t] and attends to slots <= that position.
         Returns:
           ForwardOutput(hidden [B, T, D], aux, kv_cache).
@@ -116,7 +116,7 @@ class Backbone(nnx.Module):
             segment_ids,
             head_dim=self.config.head_dim,
             rope_theta=self.config.rope_theta,
-            cache_len=None if kv_cache is None else kv_cache[0][0].shape[1],
+            cache_len=None if kv_cache is None else kv_cache[0][0].shape[2],
         )
         x = shard(self.embed(input_ids), ("batch", "length", "act_embed"))
         new_cache, stats = [], []

@@ -14,12 +14,12 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers import LayerKV
 from sao_jax.sharding import named_sharding
 
-CACHE_AXES = ("cache_batch", "cache_length", "kv_heads", "head_dim")
+CACHE_AXES = ("cache_batch", "kv_heads", "cache_length", "head_dim")
 
 
 @struct.dataclass
 class KVCache:
-    """keys, values: per-layer [B, S, K, Dh] arrays (B slots, S positions per slot)."""
+    """keys, values: per-layer head-major [B, K, S, Dh] arrays (B slots, S positions per slot)."""
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
@@ -30,7 +30,7 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[1]
+        return self.keys[0].shape[2]
 
     def layers(self) -> tuple[LayerKV, ...]:
         """Per-layer (keys, values) pairs, the form `Backbone.forward(kv_cache=...)` takes."""
@@ -53,7 +53,7 @@ class KVCache:
 
 def init_kv_cache(config: ModelConfig, num_slots: int, length: int) -> KVCache:
     """A zero cache of `num_slots` x `length` positions in the model's compute dtype."""
-    shape = (num_slots, length, config.num_kv_heads, config.head_dim)
+    shape = (num_slots, config.num_kv_heads, length, config.head_dim)
     zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.num_layers))
     return KVCache(keys=zeros, values=tuple(jnp.zeros_like(z) for z in zeros))
 
@@ -63,7 +63,7 @@ def kv_cache_shardings(
 ) -> KVCache:
     """NamedShardings of a cache built by `init_kv_cache` (slots over data axes, heads over
     tensor)."""
-    shape = (num_slots, length, config.num_kv_heads, config.head_dim)
+    shape = (num_slots, config.num_kv_heads, length, config.head_dim)
     one = named_sharding(mesh, CACHE_AXES, shape)
     layers = tuple(one for _ in range(config.num_layers))
     return KVCache(keys=layers, values=layers)

@@ -133,7 +133,7 @@ def test_tied_head_uses_the_embedding(model):
 def test_kv_cache_forward_equals_full_forward(model):
     ids = _ids((2, 8))
     full = model.forward(ids).hidden
-    shape = (2, 12, CONFIG.num_kv_heads, CONFIG.head_dim)
+    shape = (2, CONFIG.num_kv_heads, 12, CONFIG.head_dim)
     cache = tuple((jnp.zeros(shape), jnp.zeros(shape)) for _ in range(CONFIG.num_layers))
     first = model.forward(ids[:, :5], kv_cache=cache)
     positions = jnp.broadcast_to(jnp.arange(5, 8), (2, 3))

@@ -32,7 +32,7 @@ def test_sharded_sampler_matches_single_device():
     sharded = Sampler(model, mesh=mesh)
     state = sharded.init_state(num_slots=4, cache_len=32)
     assert state.cache.keys[0].sharding.spec[0] == ("data", "fsdp", "expert")
-    assert state.cache.keys[0].sharding.spec[2] == "tensor"
+    assert state.cache.keys[0].sharding.spec[1] == "tensor"
     got = sharded.generate(prompts, sampling)
     np.testing.assert_array_equal(got.tokens, expected.tokens)
     np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-5)

@@ -1,0 +1,98 @@
+"""Shared pieces of the rollout tests: one word tokenizer, one tiny random MoE policy, one
+sampler (cached per process so every test module reuses its compiled kernels), a full-forward
+log-prob reference, and ATDP store / loader helpers."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from flax import nnx
+
+from atdp_io import AtdpStore
+from atdp_io.loader import AtdpLoader, LoaderConfig
+from sao_jax.envs.alfworld import vocabulary
+from sao_jax.models import Transformer, get_model_config, init_model, token_logprobs_from_logits
+from sao_jax.rollout import EnvConfig, RolloutConfig, Sampler
+from sao_jax.tokenizers import WordTokenizer
+
+NUM_ENVS = 4
+CONTEXT = 1024  # one cache length for every test: the sampler compiles each shape once
+SEQ_LEN = 1024
+
+
+@functools.cache
+def tokenizer() -> WordTokenizer:
+    return WordTokenizer.from_texts([" ".join(vocabulary())])
+
+
+@functools.cache
+def model_config():
+    return get_model_config(
+        "tiny",
+        vocab_size=tokenizer().vocab_size,
+        d_model=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        num_experts=4,
+        moe_intermediate_size=16,
+        dense_intermediate_size=64,
+        initializer_range=0.3,
+    )
+
+
+@functools.cache
+def model(seed: int = 0) -> Transformer:
+    return init_model(model_config(), seed=seed)
+
+
+@functools.cache
+def sampler() -> Sampler:
+    """The shared sampler at version 0 (tests that change its weights use their own)."""
+    return Sampler(model(), pad_id=tokenizer().pad_id)
+
+
+def rollout_config(**overrides) -> RolloutConfig:
+    base = dict(max_new_tokens=12, max_context_tokens=CONTEXT, decode_chunk=4)
+    return RolloutConfig(**{**base, **overrides})
+
+
+def env_config(**overrides) -> EnvConfig:
+    return EnvConfig(**{"max_steps": 3, **overrides})
+
+
+@functools.cache
+def _logprob_fn(seed: int):
+    dropless = model_config().replace(capacity_factor=0.0)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(dropless, rngs=nnx.Rngs(0))))
+    state = nnx.state(model(seed))
+
+    @jax.jit
+    def logprobs(tokens, segment_ids):
+        logits = nnx.merge(graphdef, state)(tokens, segment_ids=segment_ids)
+        return token_logprobs_from_logits(logits[:, :-1], tokens[:, 1:])[0]
+
+    return logprobs
+
+
+def forward_logprobs(tokens: np.ndarray, segment_ids: np.ndarray, seed: int = 0) -> np.ndarray:
+    """[R, T] batch -> [R, T] log p(token t | tokens < t) by one full forward pass (0 at t=0)."""
+    logp = np.asarray(_logprob_fn(seed)(tokens, segment_ids))
+    return np.concatenate([np.zeros((tokens.shape[0], 1), np.float32), logp], axis=1)
+
+
+def open_store(path) -> AtdpStore:
+    return AtdpStore.open(str(path))
+
+
+def read_batches(store: AtdpStore, tenant: str, layout: str, *, rows: int = 64, **config) -> list:
+    """Every batch of one unshuffled epoch over `tenant`, plus the loader (for its stats)."""
+    loader = AtdpLoader(
+        store,
+        [tenant],
+        principal=tenant,
+        config=LoaderConfig(rows=rows, seq_len=SEQ_LEN, layout=layout, **config),
+    )
+    return list(loader.epoch(shuffle=False)), loader
