@@ -1,0 +1,1 @@
+"""Pieces every service shares: OpenAI errors, request validation, metrics, model loading."""

@@ -1,0 +1,129 @@
+"""OpenAI-shaped errors and the aiohttp middleware that turns every failure into one.
+
+Every service answers errors as `{"error": {"message", "type", "param", "code"}}` with the
+status OpenAI uses (400 bad request, 401 bad key, 403 forbidden, 404 unknown model / session,
+409 conflict, 413 body too large, 429 over capacity, 503 unavailable, 504 timeout). A handler
+raises `ApiError`; anything unexpected is logged and answered 500, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the caller: HTTP `status` plus OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error")
+        self.headers = headers or {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> web.Response:
+        return web.json_response(self.to_json(), status=self.status, headers=self.headers)
+
+    @classmethod
+    def from_json(cls, status: int, body: Any) -> ApiError:
+        """Rebuilds an error answered by another service (keeps its status and fields)."""
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            return cls(status, f"upstream answered {status}: {str(body)[:200]}")
+        return cls(
+            status,
+            str(error.get("message", "")),
+            param=error.get("param"),
+            code=error.get("code"),
+            error_type=error.get("type"),
+        )
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+    raw = await request.read()  # aiohttp answers 413 itself past client_max_size
+    if not raw:
+        raise bad_request("the request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise bad_request(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answers `ApiError`, aiohttp's HTTP errors and unexpected exceptions in OpenAI's shape."""
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        message = error.text or error.reason
+        if error.status == 404:
+            message = f"unknown endpoint {request.method} {request.path}"
+        elif error.status == 405:
+            message = f"method {request.method} is not allowed on {request.path}"
+        elif error.status == 413:
+            message = f"request body too large ({error.text})"
+        return ApiError(error.status, message).response()
+    except (ConnectionResetError, TimeoutError) as error:
+        if isinstance(error, TimeoutError):
+            return ApiError(504, "the request timed out", code="timeout").response()
+        raise
+    except Exception:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return ApiError(500, "internal server error (logged on the server)").response()

@@ -1,0 +1,380 @@
+"""Validation of OpenAI chat / completions request bodies into typed requests.
+
+Every problem is a 400 whose message names the field (`param`), as OpenAI answers. Parameters
+that OpenAI defines but this server cannot honour (`n` > 1, penalties, logit bias, JSON mode,
+forced tool choice) are refused only when set to a non-default value; parameters that change
+nothing here (`user`, `metadata`, `store`, ...) are accepted; unknown ones are refused, like
+OpenAI does, so a typo never silently changes decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sao_jax.tokenizers.chat_template import normalize_tools, validate_messages
+from serving.common.errors import ApiError, bad_request
+
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
+
+_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "modalities"}
+_CHAT_FIELDS = {
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "response_format",
+}
+_COMPLETION_FIELDS = {
+    "model",
+    "prompt",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "n",
+    "best_of",
+    "echo",
+    "suffix",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+}
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """Decoding settings of one request. max_tokens None: as many as the context allows."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    """A validated `/v1/chat/completions` body. tool_choice: "auto" or "none"."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    decoding: Decoding
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str = "auto"
+    stream: bool = False
+    include_usage: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ChatRequest:
+        data = dict(data)
+        data["decoding"] = _decoding_from_json(data["decoding"])
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    """A validated `/v1/completions` body: one prompt, as text or token ids."""
+
+    model: str
+    prompt: str | list[int]
+    decoding: Decoding
+    stream: bool = False
+    include_usage: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CompletionRequest:
+        data = dict(data)
+        data["decoding"] = _decoding_from_json(data["decoding"])
+        return cls(**data)
+
+
+def _decoding_from_json(data: Mapping[str, Any]) -> Decoding:
+    data = dict(data)
+    data["stop"] = tuple(data.get("stop", ()))
+    return Decoding(**data)
+
+
+# ----------------------------------------------------------------------------- field checks
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _number(body: Mapping, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number, got {_type_name(value)}", param=name)
+    if not low <= value <= high:
+        raise bad_request(f"'{name}' must be in [{low}, {high}], got {value}", param=name)
+    return float(value)
+
+
+def _integer(body: Mapping, name: str, default: int | None, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer, got {_type_name(value)}", param=name)
+    if not low <= value <= high:
+        raise bad_request(f"'{name}' must be in [{low}, {high}], got {value}", param=name)
+    return value
+
+
+def _boolean(body: Mapping, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean, got {_type_name(value)}", param=name)
+    return value
+
+
+def _stop(body: Mapping) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("'stop' must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise bad_request(
+            f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES}", param="stop"
+        )
+    if any(not s for s in stops):
+        raise bad_request("'stop' sequences must not be empty strings", param="stop")
+    return tuple(stops)
+
+
+def _unsupported(body: Mapping, name: str, allowed: tuple[Any, ...], what: str) -> None:
+    if name in body and body[name] not in allowed:
+        raise bad_request(f"'{name}'={body[name]!r} is not supported: {what}", param=name)
+
+
+def _check_fields(body: Mapping, known: set[str]) -> None:
+    unknown = sorted(set(body) - known - _IGNORED)
+    if unknown:
+        raise bad_request(
+            f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0]
+        )
+
+
+def _model(body: Mapping) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required (a string naming a served model)", param="model")
+    return model
+
+
+def _stream(body: Mapping) -> tuple[bool, bool]:
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    if not stream:
+        raise bad_request(
+            "'stream_options' is only allowed with stream=true", param="stream_options"
+        )
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise bad_request(
+            "'stream_options.include_usage' must be a boolean", param="stream_options"
+        )
+    return stream, include
+
+
+def _common_unsupported(body: Mapping) -> None:
+    _unsupported(body, "n", (1, None), "this server returns one choice per request")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _unsupported(body, name, (0, 0.0, None), "penalties would change the policy's log-probs")
+    _unsupported(body, "logit_bias", (None, {}), "logit bias would change the policy's log-probs")
+
+
+def _sampling(body: Mapping, max_tokens_field: str | None = None) -> dict[str, Any]:
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0.0:
+        raise bad_request("'top_p' must be in (0, 1]; use temperature=0 for greedy", param="top_p")
+    max_tokens = _integer(body, "max_tokens", None, 1, 1 << 30)
+    if max_tokens_field is not None:
+        newer = _integer(body, max_tokens_field, None, 1, 1 << 30)
+        max_tokens = newer if newer is not None else max_tokens
+    top_k = _integer(body, "top_k", 0, -1, 1 << 30)
+    return dict(
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=top_p,
+        top_k=max(top_k, 0),  # vLLM convention: -1 disables top-k
+        max_tokens=max_tokens,
+        stop=_stop(body),
+        seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
+    )
+
+
+# ----------------------------------------------------------------------------- endpoints
+
+
+def _tool_message_ids(messages: Sequence[Mapping[str, Any]]) -> None:
+    for index, message in enumerate(messages):
+        if message.get("role") == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise bad_request(
+                f"messages[{index}]: a tool message needs 'tool_call_id' (the id of the call "
+                "it answers)",
+                param=f"messages[{index}].tool_call_id",
+            )
+        for call_index, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") if isinstance(call, Mapping) else None
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                raise bad_request(
+                    f"messages[{index}].tool_calls[{call_index}] needs function.name",
+                    param=f"messages[{index}].tool_calls",
+                )
+            if arguments is not None and not isinstance(arguments, (str, dict)):
+                raise bad_request(
+                    f"messages[{index}].tool_calls[{call_index}].function.arguments must be a "
+                    "JSON string",
+                    param=f"messages[{index}].tool_calls",
+                )
+
+
+def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """Validate a chat completions body (a JSON object); raises a 400 `ApiError`."""
+    _check_fields(body, _CHAT_FIELDS)
+    model = _model(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of messages", param="messages")
+    try:
+        validate_messages(messages)
+    except (TypeError, ValueError) as error:
+        raise bad_request(f"invalid 'messages': {error}", param="messages") from None
+    _tool_message_ids(messages)
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad_request("'tools' must be a list of tool specs", param="tools")
+        try:
+            tools = normalize_tools(tools) or None
+        except (TypeError, ValueError) as error:
+            raise bad_request(f"invalid 'tools': {error}", param="tools") from None
+    tool_choice = body.get("tool_choice") or "auto"
+    if tool_choice not in ("auto", "none"):
+        raise bad_request(
+            f"'tool_choice'={tool_choice!r} is not supported: use 'auto' or 'none' (forcing a "
+            "call needs constrained decoding, which would change the policy's log-probs)",
+            param="tool_choice",
+        )
+    _common_unsupported(body)
+    response_format = body.get("response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    ):
+        raise bad_request(
+            "only response_format {'type': 'text'} is supported", param="response_format"
+        )
+    logprobs = _boolean(body, "logprobs")
+    top_logprobs = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if top_logprobs and not logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    stream, include_usage = _stream(body)
+    decoding = Decoding(
+        **_sampling(body, "max_completion_tokens"), logprobs=logprobs, top_logprobs=top_logprobs
+    )
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        decoding=decoding,
+        tools=tools,
+        tool_choice=tool_choice,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _prompt(body: Mapping) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", param="prompt")
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise bad_request("send one prompt per request (batches are not supported)", param="prompt")
+    raise bad_request(
+        "'prompt' must be a non-empty string or a non-empty list of token ids", param="prompt"
+    )
+
+
+def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
+    """Validate a (legacy) completions body; raises a 400 `ApiError`."""
+    _check_fields(body, _COMPLETION_FIELDS)
+    model = _model(body)
+    prompt = _prompt(body)
+    _common_unsupported(body)
+    _unsupported(body, "best_of", (1, None), "one sample per request")
+    _unsupported(body, "echo", (False, None), "the prompt is not echoed")
+    _unsupported(body, "suffix", (None, ""), "insertion is not supported")
+    top_logprobs = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    stream, include_usage = _stream(body)
+    sampling = _sampling(body)
+    if sampling["max_tokens"] is None:
+        sampling["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
+    decoding = Decoding(
+        **sampling, logprobs=top_logprobs is not None, top_logprobs=top_logprobs or 0
+    )
+    return CompletionRequest(model, prompt, decoding, stream=stream, include_usage=include_usage)
+
+
+def check_model(requested: str, served: Sequence[str]) -> None:
+    """404 `model_not_found` unless `requested` is one of the served model ids."""
+    if requested not in served:
+        raise ApiError(
+            404,
+            f"the model {requested!r} does not exist; this server serves {list(served)}",
+            param="model",
+            code="model_not_found",
+        )
