@@ -1,0 +1,448 @@
+"""Continuous batching over the sampler's slot API, on one engine thread.
+
+Each loop iteration: apply a pending weight swap (then re-prefill the running slots so the rest
+of every reply is computed under the new weights), drop cancelled / timed-out requests, prefill
+waiting requests into free slots, advance every running slot `decode_steps` tokens in one
+jitted dispatch, and push the new tokens to the callers' event loops. A request joins the batch
+at the next iteration after it arrives and leaves it the moment it finishes, so the batch stays
+full under load. Every token is stamped with the policy version that sampled it.
+
+Admission (validation, AReaL's staleness capacity -> 429) is in `admission.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from sao_jax.rollout import DecodeState, Sampler, SamplingParams
+from sao_jax.tokenizers import Tokenizer
+from serving.common.errors import ApiError
+from serving.worker.admission import staleness_capacity, validate_request
+from serving.worker.config import WorkerConfig
+from serving.worker.generation import Finished, GenerationHandle, GenerationRequest, TextTracker
+from serving.worker.metrics import WorkerMetrics
+from serving.worker.scoring import TopLogprobScorer
+from serving.worker.slots import Slot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _WeightUpdate:
+    params: Any
+    version: int
+    future: concurrent.futures.Future
+
+
+def _deactivate(state: DecodeState, keep: jax.Array) -> DecodeState:
+    return state.replace(active=state.active & keep)
+
+
+class GenerationEngine:
+    """Serves `GenerationRequest`s from many coroutines with one batched sampler."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        tokenizer: Tokenizer,
+        config: WorkerConfig,
+        metrics: WorkerMetrics | None = None,
+    ):
+        if config.context_length > sampler.config.max_seq_len:
+            raise ValueError(
+                f"context_length {config.context_length} exceeds the model's max_seq_len "
+                f"{sampler.config.max_seq_len}"
+            )
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.config = config
+        self.metrics = metrics or WorkerMetrics()
+        self.vocab_size = sampler.config.vocab_size
+        self._scorer = TopLogprobScorer(sampler)
+        self._deactivate = jax.jit(_deactivate, donate_argnums=0)
+        self._cv = threading.Condition()
+        self._pending: collections.deque[GenerationHandle] = collections.deque()
+        self._slots: list[Slot | None] = [None] * config.num_slots
+        self._update: _WeightUpdate | None = None
+        self._paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._base_version = sampler.policy_version
+        self.accepted = 0  # requests finished normally (stop / length)
+        self.metrics.policy_version.set(sampler.policy_version)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Finish every request as cancelled and stop the engine thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    @property
+    def policy_version(self) -> int:
+        return self.sampler.policy_version
+
+    # ------------------------------------------------------------------ caller side
+
+    def validate(self, request: GenerationRequest) -> None:
+        """400 on requests the model or cache cannot take."""
+        validate_request(
+            request,
+            vocab_size=self.vocab_size,
+            context_length=self.config.context_length,
+            stop_ids=self._stop_ids(request),
+            max_stop_tokens=self.sampler.max_stop_tokens,
+        )
+
+    def _capacity(self) -> tuple[int, str]:
+        return staleness_capacity(
+            running=len(self._pending) + sum(s is not None for s in self._slots),
+            max_concurrent=self.config.num_slots + self.config.max_queue,
+            accepted=self.accepted,
+            versions_since_start=self.sampler.policy_version - self._base_version,
+            max_staleness=self.config.max_staleness,
+            batch_size=self.config.staleness_batch_size,
+        )
+
+    def submit(self, request: GenerationRequest) -> GenerationHandle:
+        """Queue a request (call from an event loop). 400 if invalid, 429 over capacity."""
+        self.validate(request)
+        handle = GenerationHandle(request, asyncio.get_running_loop())
+        with self._cv:
+            if self._stopping:
+                raise ApiError(503, "the worker is shutting down", code="shutting_down")
+            capacity, limit = self._capacity()
+            if capacity <= 0:
+                self.metrics.rejected.labels(limit).inc()
+                if limit == "staleness":
+                    message = (
+                        "staleness capacity exhausted: the learner has not caught up with the "
+                        "samples generated so far; retry after the next weight update"
+                    )
+                else:
+                    message = "the worker is at capacity (all slots busy and the queue is full)"
+                raise ApiError(
+                    429, message, code=f"{limit}_capacity_exhausted", headers={"Retry-After": "1"}
+                )
+            self._pending.append(handle)
+            self.metrics.queued.set(len(self._pending))
+            self._cv.notify_all()
+        return handle
+
+    def pause(self) -> None:
+        """Stop dispatching: running requests hold their slots, new ones queue."""
+        with self._cv:
+            self._paused = True
+            self.metrics.paused.set(1)
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self.metrics.paused.set(0)
+            self._cv.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def update_weights(self, params: Any, version: int) -> concurrent.futures.Future:
+        """Swap in `params` stamped `version` between two decode dispatches; no request is
+        dropped. The future resolves to the version once tokens are sampled with it (or to
+        the shape error). A newer update queued before an older one is applied replaces it."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if self._update is not None:
+                self._update.future.set_exception(
+                    RuntimeError(f"superseded by the update to version {version}")
+                )
+            self._update = _WeightUpdate(params, int(version), future)
+            self._cv.notify_all()
+        return future
+
+    def status(self) -> dict[str, Any]:
+        with self._cv:
+            capacity, limit = self._capacity()
+            busy = sum(s is not None for s in self._slots)
+            return {
+                "policy_version": self.sampler.policy_version,
+                "paused": self._paused,
+                "running": busy,
+                "queued": len(self._pending),
+                "slots": self.config.num_slots,
+                "accepted": self.accepted,
+                "capacity": capacity,
+                "capacity_limit": limit,
+                "context_length": self.config.context_length,
+            }
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _stop_ids(self, request: GenerationRequest) -> tuple[int, ...]:
+        if request.stop_token_ids is None:
+            return tuple(self.tokenizer.stop_ids)
+        return tuple(request.stop_token_ids)
+
+    def _sampling(self, request: GenerationRequest, max_new: int, seed: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=request.temperature,
+            top_k=request.top_k,
+            top_p=request.top_p,
+            max_new_tokens=max_new,
+            stop_token_ids=self._stop_ids(request),
+            seed=seed,
+        )
+
+    def _run(self) -> None:
+        state = self.sampler.init_state(self.config.num_slots, self.config.context_length)
+        while True:
+            with self._cv:
+                while not self._stopping and not self._has_work():
+                    self._cv.wait(timeout=0.1)
+                if self._stopping:
+                    break
+                update, self._update = self._update, None
+                admitted = [] if self._paused else self._take_pending()
+                paused = self._paused
+            try:
+                if update is not None:
+                    state = self._apply_update(state, update)
+                state = self._reap(state)
+                if admitted:
+                    state = self._admit(state, admitted)
+                if not paused and any(s is not None and s.live for s in self._slots):
+                    state = self._decode(state)
+                self._score_top_logprobs(state)
+                self._deliver()
+            except Exception as error:  # a device failure must not take the server down
+                logger.exception("generation engine iteration failed")
+                self._fail_all(f"{type(error).__name__}: {error}")
+                state = self.sampler.init_state(self.config.num_slots, self.config.context_length)
+        self._fail_all("the worker is shutting down", reason="cancelled")
+
+    def _has_work(self) -> bool:
+        now = time.monotonic()
+        if self._update is not None:
+            return True
+        for handle in self._pending:
+            if handle.cancelled or (handle.deadline is not None and now > handle.deadline):
+                return True
+        for slot in self._slots:
+            if slot is not None and (slot.handle.cancelled or _expired(slot.handle, now)):
+                return True
+        if self._paused:
+            return False
+        free = any(s is None for s in self._slots)
+        return (free and bool(self._pending)) or any(s is not None and s.live for s in self._slots)
+
+    def _take_pending(self) -> list[tuple[int, GenerationHandle]]:
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        taken = []
+        while self._pending and free and len(taken) < self.config.max_prefill_batch:
+            handle = self._pending.popleft()
+            if handle.cancelled:
+                self._push(handle, self._finished_unstarted(handle, "cancelled"))
+                continue
+            taken.append((free.pop(0), handle))
+        self.metrics.queued.set(len(self._pending))
+        return taken
+
+    def _reap(self, state: DecodeState) -> DecodeState:
+        """Finish cancelled and timed-out requests (queued or running) and free their slots."""
+        now = time.monotonic()
+        with self._cv:
+            kept = collections.deque()
+            for handle in self._pending:
+                if handle.cancelled:
+                    self._push(handle, self._finished_unstarted(handle, "cancelled"))
+                elif _expired(handle, now):
+                    self._push(handle, self._finished_unstarted(handle, "timeout"))
+                else:
+                    kept.append(handle)
+            self._pending = kept
+        stopped = []
+        for index, slot in enumerate(self._slots):
+            if slot is None or slot.finish is not None:
+                continue
+            if slot.handle.cancelled:
+                reason = "cancelled"
+            elif _expired(slot.handle, now):
+                reason = "timeout"
+            else:
+                continue
+            if slot.end(reason):
+                stopped.append(index)
+        return self._deactivate_slots(state, stopped)
+
+    def _deactivate_slots(self, state: DecodeState, indices: list[int]) -> DecodeState:
+        if not indices:
+            return state
+        keep = np.ones((self.config.num_slots,), bool)
+        keep[indices] = False
+        if self.sampler.mesh is None:
+            return self._deactivate(state, keep)
+        with jax.set_mesh(self.sampler.mesh):
+            return self._deactivate(state, keep)
+
+    def _admit(
+        self, state: DecodeState, admitted: list[tuple[int, GenerationHandle]]
+    ) -> DecodeState:
+        now = time.monotonic()
+        for index, handle in admitted:
+            stop_ids = frozenset(self._stop_ids(handle.request))
+            tracker = TextTracker(self.tokenizer, handle.request.stop, stop_ids)
+            self._slots[index] = Slot(handle, stop_ids, tracker, admitted_at=now)
+            self.metrics.queue_seconds.observe(now - handle.submitted_at)
+        rows = [
+            (index, list(handle.request.input_ids), handle.request.max_tokens, handle.request.seed)
+            for index, handle in admitted
+        ]
+        self.metrics.prompt_tokens.inc(sum(len(r[1]) for r in rows))
+        return self._prefill(state, rows)
+
+    def _prefill(
+        self, state: DecodeState, rows: list[tuple[int, list[int], int, int]]
+    ) -> DecodeState:
+        """rows: (slot, prompt ids, max new tokens, seed); samples each slot's next token."""
+        version = self.sampler.policy_version
+        sampling = [self._sampling(self._slots[i].request, m, seed) for i, _, m, seed in rows]
+        state, first, logp, _ = self.sampler.prefill(
+            state, [r[1] for r in rows], [r[0] for r in rows], sampling
+        )
+        stopped = []
+        for (index, _, _, _), token, lp in zip(rows, first, logp, strict=True):
+            if self._extend(self._slots[index], [int(token)], [float(lp)], version):
+                stopped.append(index)
+        return self._deactivate_slots(state, stopped)
+
+    def _decode(self, state: DecodeState) -> DecodeState:
+        version = self.sampler.policy_version
+        start = time.perf_counter()
+        state, tokens, logp, emitted = self.sampler.decode(state, self.config.decode_steps)
+        self.metrics.decode_seconds.observe(time.perf_counter() - start)
+        counts = emitted.sum(axis=1)
+        stopped = []
+        for index, slot in enumerate(self._slots):
+            if slot is None or not slot.live or counts[index] == 0:
+                continue
+            n = int(counts[index])
+            if self._extend(slot, tokens[index, :n].tolist(), logp[index, :n].tolist(), version):
+                stopped.append(index)
+        return self._deactivate_slots(state, stopped)
+
+    def _extend(self, slot: Slot, tokens: list[int], logprobs: list[float], version: int) -> bool:
+        self.metrics.generated_tokens.inc(len(tokens))
+        return slot.extend(tokens, logprobs, version)
+
+    def _score_top_logprobs(self, state: DecodeState) -> None:
+        rows, targets = [], []
+        for index, slot in enumerate(self._slots):
+            row = None if slot is None else slot.score_row()
+            if row is not None:
+                rows.append((index, *row))
+                targets.append(slot)
+        if rows:
+            for slot, (ids, values) in zip(targets, self._scorer(state, rows), strict=True):
+                slot.add_top(ids, values)
+
+    def _apply_update(self, state: DecodeState, update: _WeightUpdate) -> DecodeState:
+        try:
+            self.sampler.update_weights(update.params, update.version)
+        except Exception as error:
+            update.future.set_exception(error)
+            return state
+        self.metrics.policy_version.set(update.version)
+        self.metrics.weight_updates.inc()
+        live = [i for i, s in enumerate(self._slots) if s is not None and s.live]
+        if live and self.config.reprefill_on_update:
+            # Recompute the running replies' KV under the new weights, so every later token's
+            # log-prob is exactly the new policy's. Fresh seeds: the same seed would replay the
+            # random draws of the reply's first token.
+            batch = self.config.max_prefill_batch
+            for begin in range(0, len(live), batch):
+                rows = []
+                for index in live[begin : begin + batch]:
+                    slot = self._slots[index]
+                    request = slot.request
+                    seed = (request.seed * 1_000_003 + len(slot.output) + update.version) % 2**32
+                    context = list(request.input_ids) + slot.output
+                    rows.append((index, context, request.max_tokens - len(slot.output), seed))
+                state = self._prefill(state, rows)
+        update.future.set_result(update.version)
+        return state
+
+    # ------------------------------------------------------------------ delivery
+
+    def _deliver(self) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
+        for index, slot in enumerate(self._slots):
+            if slot is None:
+                continue
+            events, done = slot.next_events()
+            if done:
+                self._slots[index] = None
+                if slot.finish in ("stop", "length"):
+                    with self._cv:
+                        self.accepted += 1
+                self.metrics.finished.labels(slot.finish).inc()
+                self.metrics.request_seconds.observe(slot.age_s())
+            if events:
+                by_loop[slot.handle.loop].extend((slot.handle, e) for e in events)
+        for loop, items in by_loop.items():
+            _push_many(loop, items)
+        with self._cv:
+            self.metrics.running.set(sum(s is not None for s in self._slots))
+
+    def _finished_unstarted(self, handle: GenerationHandle, reason: str) -> Finished:
+        self.metrics.finished.labels(reason).inc()
+        return Finished(reason, len(handle.request.input_ids), 0, "")
+
+    def _push(self, handle: GenerationHandle, event) -> None:
+        _push_many(handle.loop, [(handle, event)])
+
+    def _fail_all(self, message: str, reason: str = "error") -> None:
+        with self._cv:
+            pending, self._pending = list(self._pending), collections.deque()
+        for handle in pending:
+            self._push(
+                handle, Finished(reason, len(handle.request.input_ids), 0, "", error=message)
+            )
+        for index, slot in enumerate(self._slots):
+            if slot is not None:
+                event = Finished(
+                    reason, len(slot.request.input_ids), len(slot.output), "", error=message
+                )
+                self._push(slot.handle, event)
+                self._slots[index] = None
+
+
+def _expired(handle: GenerationHandle, now: float) -> bool:
+    return handle.deadline is not None and now > handle.deadline
+
+
+def _push_many(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    def push_all() -> None:
+        for handle, event in items:
+            handle.push(event)
+
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+        loop.call_soon_threadsafe(push_all)

@@ -1,0 +1,189 @@
+"""One generation request as the worker sees it: token ids in, a stream of token chunks out.
+
+`GenerationRequest` / `TokenChunk` / `Finished` are the worker's wire format too (JSON lines
+over HTTP). `TextTracker` turns a growing list of output ids into text deltas: it holds back an
+incomplete UTF-8 character and any tail that could start a stop string, and finds where a stop
+string ends in token terms, so the stop sequence itself never reaches the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from sao_jax.tokenizers import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"  # what a byte-level decode shows for an unfinished UTF-8 sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """input_ids [P]; stop_token_ids None means the tokenizer's stop ids (EOS, <|im_end|>)."""
+
+    input_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] | None = None
+    top_logprobs: int = 0
+    request_id: str = ""
+    timeout_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GenerationRequest:
+        data = dict(data)
+        data["input_ids"] = tuple(data["input_ids"])
+        data["stop"] = tuple(data.get("stop", ()))
+        if data.get("stop_token_ids") is not None:
+            data["stop_token_ids"] = tuple(data["stop_token_ids"])
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenChunk:
+    """Tokens generated since the last chunk: ids [n], log-probs [n] (temperature 1), the
+    policy version of each [n], the text they add, and top log-probs [n][k] (id, logp)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "chunk", **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """The end of a generation. finish_reason: stop | length | cancelled | timeout | error."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    text: str
+    stop_reason: str | int | None = None
+    error: str | None = None
+    queue_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "finished", **dataclasses.asdict(self)}
+
+
+GenerationEvent = TokenChunk | Finished
+
+
+def event_from_json(data: dict[str, Any]) -> GenerationEvent:
+    data = dict(data)
+    kind = data.pop("type")
+    if kind == "chunk":
+        if data.get("top_logprobs") is not None:
+            data["top_logprobs"] = [[tuple(p) for p in row] for row in data["top_logprobs"]]
+        return TokenChunk(**data)
+    return Finished(**data)
+
+
+class GenerationHandle:
+    """The caller's end of a running generation: iterate it for events; `cancel()` frees the
+    slot. Events are pushed from the engine thread with `loop.call_soon_threadsafe`."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.loop = loop
+        self.submitted_at = time.monotonic()
+        self.deadline = None if request.timeout_s is None else self.submitted_at + request.timeout_s
+        self.cancelled = False
+        self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def push(self, event: GenerationEvent) -> None:
+        """Called on the handle's event loop."""
+        self._queue.put_nowait(event)
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        """Chunks, then exactly one `Finished`. Leaving early cancels the generation."""
+        try:
+            while True:
+                event = await self._queue.get()
+                yield event
+                if isinstance(event, Finished):
+                    return
+        finally:
+            self.cancel()
+
+
+class TextTracker:
+    """Output ids -> emitted text, with stop strings and incomplete characters held back."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], stop_ids: frozenset[int]):
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.stop_ids = stop_ids
+        self.sent = 0  # characters already emitted
+        self.stopped_text: str | None = None  # the reply when a stop string ended it
+        self._searched = 0  # stop strings cannot start before this character
+
+    def _text(self, ids: Sequence[int]) -> str:
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]  # a stop token's own text is never part of the reply
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _find_stop(self, text: str) -> tuple[int, str] | None:
+        hits = [(text.find(s, self._searched), s) for s in self.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        return min(hits) if hits else None
+
+    def _holdback(self, text: str) -> int:
+        held = len(text) - len(text.rstrip(REPLACEMENT_CHAR))
+        for stop in self.stop:
+            for n in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:n]):
+                    held = max(held, n)
+                    break
+        return held
+
+    def update(self, ids: list[int], finished: bool) -> tuple[str, int | None, str | None]:
+        """Returns (new text to emit, token count to keep if a stop string ended the reply,
+        the stop string). With a stop hit, `ids[:keep]` is the reply up to the token that
+        completed the stop string; text after it is dropped."""
+        text = self._text(ids)
+        hit = self._find_stop(text) if self.stop else None
+        keep = None
+        if hit is not None:
+            start, stop = hit
+            keep = self._tokens_covering(ids, start + len(stop))
+            text, finished = text[:start], True
+            self.stopped_text = text
+        elif self.stop:
+            longest = max(len(s) for s in self.stop)
+            self._searched = max(0, len(text.rstrip(REPLACEMENT_CHAR)) - longest + 1)
+        emit_to = len(text) if finished else len(text) - self._holdback(text)
+        delta = text[self.sent : max(emit_to, self.sent)]
+        self.sent = max(self.sent, emit_to)
+        return delta, keep, hit[1] if hit else None
+
+    def _tokens_covering(self, ids: list[int], chars: int) -> int:
+        """Fewest leading tokens whose text reaches `chars` characters (binary search)."""
+        low, high = 1, len(ids)
+        while low < high:
+            mid = (low + high) // 2
+            if len(self.tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= chars:
+                high = mid
+            else:
+                low = mid + 1
+        return high
+
+    def final_text(self, ids: list[int]) -> str:
+        """The whole reply (stop string and stop token excluded)."""
+        return self.stopped_text if self.stopped_text is not None else self._text(ids)
