@@ -1,0 +1,178 @@
+"""Clients of a data proxy: in-process (`LocalProxyClient`) and HTTP (`HttpProxyClient`).
+
+`chat` / `completion` return the response body (a dict) or, for streaming requests, an async
+iterator of ready-to-send SSE bytes; errors before the first byte are raised as `ApiError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+import aiohttp
+
+from serving.common.errors import ApiError
+from serving.common.http import raise_for_api_error, service_headers
+from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.proxy.proxy import DataProxy
+from serving.proxy.runner import CallContext
+
+
+class ProxyClient(Protocol):
+    async def open_session(
+        self, session_id: str, tenant: str, governance: Mapping[str, Any], task: Mapping[str, Any]
+    ) -> dict[str, Any]: ...
+
+    async def chat(
+        self, request: ChatRequest, call: CallContext
+    ) -> dict[str, Any] | AsyncIterator[bytes]: ...
+
+    async def completion(
+        self, request: CompletionRequest, call: CallContext
+    ) -> dict[str, Any] | AsyncIterator[bytes]: ...
+
+    async def set_reward(
+        self, session_id: str, tenant: str, value: float, *, interaction_id: str | None, source: str
+    ) -> dict[str, Any]: ...
+
+    async def end_session(
+        self, session_id: str, tenant: str, *, success: bool | None, info: Mapping[str, Any]
+    ) -> dict[str, Any]: ...
+
+    def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalProxyClient:
+    """A data proxy in this process."""
+
+    def __init__(self, proxy: DataProxy):
+        self.proxy = proxy
+
+    async def open_session(self, session_id, tenant, governance, task) -> dict[str, Any]:
+        return await self.proxy.open_session(session_id, tenant, governance, task)
+
+    async def chat(self, request: ChatRequest, call: CallContext):
+        return await self.proxy.chat(request, call)
+
+    async def completion(self, request: CompletionRequest, call: CallContext):
+        return await self.proxy.completion(request, call)
+
+    async def set_reward(self, session_id, tenant, value, *, interaction_id, source):
+        return await self.proxy.set_reward(
+            session_id, tenant, value, interaction_id=interaction_id, source=source
+        )
+
+    async def end_session(self, session_id, tenant, *, success, info):
+        return await self.proxy.end_session(session_id, tenant, success=success, info=info)
+
+    def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]:
+        return self.proxy.export(tenant, **kwargs)
+
+    async def close(self) -> None:
+        return None
+
+
+class HttpProxyClient:
+    """A data proxy behind its HTTP API at `url`."""
+
+    def __init__(self, url: str, *, service_key: str | None = None, timeout_s: float = 30.0):
+        self.url = url.rstrip("/")
+        self._headers = service_headers(service_key)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, connector=aiohttp.TCPConnector(limit=512)
+            )
+        return self._session
+
+    def _unavailable(self, error: Exception) -> ApiError:
+        return ApiError(
+            503, f"data proxy {self.url} is unavailable: {error}", code="proxy_unavailable"
+        )
+
+    async def _call(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            async with self._http().post(
+                f"{self.url}{path}", json=body, timeout=self._timeout
+            ) as r:
+                await raise_for_api_error(r)
+                return await r.json()
+        except (TimeoutError, aiohttp.ClientConnectionError) as error:
+            raise self._unavailable(error) from None
+
+    async def _stream_or_json(self, path: str, body: dict[str, Any]):
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
+        try:
+            response = await self._http().post(f"{self.url}{path}", json=body, timeout=timeout)
+        except (TimeoutError, aiohttp.ClientConnectionError) as error:
+            raise self._unavailable(error) from None
+        try:
+            await raise_for_api_error(response)
+            if response.content_type != "text/event-stream":
+                return await response.json()
+        except BaseException:
+            response.release()
+            raise
+        return self._relay(response)
+
+    async def _relay(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        try:
+            async for data in response.content.iter_any():
+                yield data
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
+            yield f"data: {json.dumps(self._unavailable(error).to_json())}\n\n".encode()
+        finally:
+            response.release()
+
+    async def open_session(self, session_id, tenant, governance, task) -> dict[str, Any]:
+        body = {
+            "session_id": session_id,
+            "tenant": tenant,
+            "governance": dict(governance),
+            "task": dict(task),
+        }
+        return await self._call("/sessions", body)
+
+    async def chat(self, request: ChatRequest, call: CallContext):
+        return await self._stream_or_json(
+            "/chat", {"request": request.to_json(), "call": call.to_json()}
+        )
+
+    async def completion(self, request: CompletionRequest, call: CallContext):
+        body = {"request": request.to_json(), "call": call.to_json()}
+        return await self._stream_or_json("/completions", body)
+
+    async def set_reward(self, session_id, tenant, value, *, interaction_id, source):
+        body = {
+            "session_id": session_id,
+            "tenant": tenant,
+            "value": value,
+            "interaction_id": interaction_id,
+            "source": source,
+        }
+        return await self._call("/reward", body)
+
+    async def end_session(self, session_id, tenant, *, success, info):
+        body = {"session_id": session_id, "tenant": tenant, "success": success, "info": dict(info)}
+        return await self._call("/end", body)
+
+    async def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
+        body = {"tenant": tenant, **kwargs}
+        try:
+            async with self._http().post(f"{self.url}/export", json=body, timeout=timeout) as r:
+                await raise_for_api_error(r)
+                async for data in r.content.iter_any():
+                    yield data
+        except (TimeoutError, aiohttp.ClientConnectionError) as error:
+            raise self._unavailable(error) from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,373 @@
+"""The data proxy: renders prompts, runs them on the session's worker, answers in OpenAI's
+format, and records every call losslessly in the session's ATDP trajectory before answering.
+
+One chat completion: the conversation is rendered with the served tokenizer's ChatML template
+(tools included); the worker streams tokens (`runner.py`); the reply is parsed for tool calls
+(`responses.py`); the new messages / tool results and the llm_call event are committed in one
+durable append (`recorder.py`); only then is the response, or a stream's final chunk, sent.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from atdp_io import AtdpStore, Envelope, Outcome, Redactor
+from sao_jax.tokenizers import Tokenizer
+from serving.common.errors import ApiError, bad_request
+from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
+from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.proxy import responses
+from serving.proxy.config import ProxyConfig
+from serving.proxy.recorder import CallRecord, CallRecorder
+from serving.proxy.runner import (
+    CallContext,
+    Collected,
+    GenerationRunner,
+    finish_error,
+    plan_generation,
+)
+from serving.proxy.sessions import SessionBook
+from serving.router.client import RouterClient
+from serving.worker.client import WorkerClient
+from serving.worker.generation import TokenChunk
+
+__all__ = ["CallContext", "DataProxy", "ProxyMetrics"]
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = registry if registry is not None else new_registry()
+        self.registry = r
+        self.events = Counter(
+            "sao_proxy_events_recorded", "ATDP events written.", ["kind"], registry=r
+        )
+        self.completions = Counter(
+            "sao_proxy_completions",
+            "Completions answered.",
+            ["endpoint", "finish_reason"],
+            registry=r,
+        )
+        self.append_seconds = Histogram(
+            "sao_proxy_atdp_append_seconds",
+            "Time to make one call's events durable.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.moves = Counter(
+            "sao_proxy_worker_moves", "Generations continued on another worker.", registry=r
+        )
+        self.rewards = Counter("sao_proxy_rewards", "Rewards recorded.", registry=r)
+
+
+def _sse(payload: Mapping[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+class DataProxy:
+    """Answers OpenAI calls for sessions and records them (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        *,
+        tokenizer: Tokenizer,
+        model_info: Mapping[str, Any],
+        store: AtdpStore,
+        router: RouterClient,
+        worker_client: Callable[[str], WorkerClient],
+        registry: CollectorRegistry | None = None,
+    ):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_id = model_info["model_id"]
+        self.context_length = int(model_info["context_length"])
+        self.template_fingerprint = model_info["template_fingerprint"]
+        self.metrics = ProxyMetrics(registry)
+        envelope = Envelope(
+            harness_schema=self.template_fingerprint,
+            policy_checkpoint=model_info.get("checkpoint") or self.model_id,
+        )
+        disabled = tuple(config.redact_disable)
+        self.sessions = SessionBook(
+            store,
+            lambda: Redactor(tokenizer=tokenizer, disable=disabled),
+            config.writer_threads,
+            envelope,
+        )
+        self.runner = GenerationRunner(router, worker_client, self.metrics.moves)
+        self.recorder = CallRecorder(
+            self.sessions,
+            model_id=self.model_id,
+            template_fingerprint=self.template_fingerprint,
+            events_counter=self.metrics.events,
+            append_seconds=self.metrics.append_seconds,
+        )
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(
+        self, session_id: str, tenant: str, governance: Mapping[str, Any], task: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        await self.sessions.open(session_id, tenant, governance, task)
+        return {"trajectory_id": session_id}
+
+    async def set_reward(
+        self,
+        session_id: str,
+        tenant: str,
+        value: float,
+        *,
+        interaction_id: str | None = None,
+        source: str = "user",
+    ) -> dict[str, Any]:
+        """A reward for one completion (by interaction id) or the session's last one; appended
+        as a late-bound record, also after the session ended."""
+        state = await self.sessions.get(session_id, tenant)
+        if interaction_id is not None:
+            if interaction_id not in state.interactions:
+                raise ApiError(
+                    404,
+                    f"no completion {interaction_id!r} in this session",
+                    param="interaction_id",
+                    code="interaction_not_found",
+                )
+            event_index = state.interactions[interaction_id]
+        elif state.last_llm is None:
+            raise ApiError(409, "the session has no completion to reward yet", code="no_completion")
+        else:
+            event_index = state.last_llm
+        await self.sessions.add_reward(state, value, event_index, source)
+        self.metrics.rewards.inc()
+        return {"trajectory_id": session_id, "event_index": event_index, "reward": value}
+
+    async def end_session(
+        self, session_id: str, tenant: str, *, success: bool | None, info: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        state = await self.sessions.get(session_id, tenant)
+        async with state.lock:
+            try:
+                outcome = Outcome(success=success, info=dict(info))
+            except ValueError as error:
+                raise bad_request(f"invalid outcome: {error}") from None
+            await self.sessions.close(state, outcome)
+        return {"trajectory_id": session_id, "ended": True}
+
+    def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]:
+        return self.sessions.export(tenant, **kwargs)
+
+    async def close(self) -> None:
+        await self.sessions.shutdown()
+
+    # ------------------------------------------------------------------ shared
+
+    def _plan(self, input_ids: list[int], request, extra: dict[str, Any]):
+        return plan_generation(
+            input_ids,
+            request.decoding,
+            context_length=self.context_length,
+            stop_ids=tuple(self.tokenizer.stop_ids),
+            timeout_s=self.config.request_timeout_s,
+            extra=extra,
+        )
+
+    def _common(self, interaction_id: str) -> dict[str, Any]:
+        return dict(
+            completion_id=interaction_id,
+            created=int(time.time()),
+            model=self.model_id,
+            system_fingerprint=self.template_fingerprint,
+        )
+
+    async def _finish(self, call, record, collected: Collected, reply) -> None:
+        """Record the call, or record the failure and raise its error."""
+        error = finish_error(collected.finished)
+        if error is not None:
+            await self.recorder.record_failure(call, record, collected)
+            raise error
+        await self.recorder.record(call, record, collected, reply)
+
+    # ------------------------------------------------------------------ chat
+
+    def _render_chat(self, request: ChatRequest) -> tuple[list[int], list[dict[str, Any]] | None]:
+        tools = request.tools if request.tool_choice != "none" else None
+        try:
+            return self.tokenizer.encode_chat(request.messages, tools=tools), tools
+        except (TypeError, ValueError) as error:
+            raise bad_request(f"cannot render the messages: {error}", param="messages") from None
+
+    def _chat_logprobs(self, request: ChatRequest, ids, logprobs, top):
+        if not request.decoding.logprobs:
+            return None
+        top = top if request.decoding.top_logprobs else None
+        return responses.chat_logprobs(self.tokenizer, ids, logprobs, top)
+
+    async def chat(
+        self, request: ChatRequest, call: CallContext
+    ) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A chat completion: the response body, or SSE bytes when `request.stream`."""
+        started = time.monotonic()
+        input_ids, tools = self._render_chat(request)
+        generation, decoding = self._plan(input_ids, request, {"tool_choice": request.tool_choice})
+        interaction_id = f"chatcmpl-{call.session_id}-{secrets.token_hex(6)}"
+        record = CallRecord(
+            "chat", interaction_id, started, input_ids, decoding, request.messages, tools
+        )
+        collected, chunks = await self.runner.start(call, generation)
+        if request.stream:
+            return self._stream_chat(request, call, record, collected, chunks)
+        async for _ in chunks:
+            pass
+        finish = collected.finished.finish_reason
+        reply = responses.parse_reply(collected.text, finish, tools is not None)
+        await self._finish(call, record, collected, reply)
+        self.metrics.completions.labels("chat", reply.finish_reason).inc()
+        return responses.chat_completion(
+            **self._common(interaction_id),
+            reply=reply,
+            logprobs=self._chat_logprobs(request, collected.ids, collected.logprobs, collected.top),
+            usage_counts=responses.usage(len(input_ids), len(collected.ids)),
+            policy_version=collected.policy_version,
+        )
+
+    async def _stream_chat(
+        self,
+        request: ChatRequest,
+        call: CallContext,
+        record: CallRecord,
+        collected: Collected,
+        chunks: AsyncIterator[TokenChunk],
+    ) -> AsyncIterator[bytes]:
+        common = self._common(record.interaction_id)
+        tools_enabled = record.tools is not None
+        stream_filter = responses.ToolCallStreamFilter(tools_enabled)
+        yield _sse(responses.chat_chunk(**common, delta={"role": "assistant", "content": ""}))
+        try:
+            async for chunk in chunks:
+                text = stream_filter.feed(chunk.text)
+                logprobs = self._chat_logprobs(
+                    request, chunk.token_ids, chunk.logprobs, chunk.top_logprobs
+                )
+                if text or logprobs:
+                    delta = {"content": text}
+                    yield _sse(responses.chat_chunk(**common, delta=delta, logprobs=logprobs))
+            finish = collected.finished.finish_reason
+            # The text held back since a <tool_call> tag started: its calls, or plain content.
+            tail = responses.parse_reply(stream_filter.held, finish, tools_enabled)
+            if tail.content:
+                yield _sse(responses.chat_chunk(**common, delta={"content": tail.content}))
+            content = stream_filter.streamed + (tail.content or "")
+            reply = responses.Reply(
+                content or None, tail.tool_calls, tail.finish_reason, tail.tool_call_errors
+            )
+            await self._finish(call, record, collected, reply)
+            self.metrics.completions.labels("chat", reply.finish_reason).inc()
+            if reply.tool_calls:
+                delta = {"tool_calls": responses.tool_call_deltas(reply.tool_calls)}
+                yield _sse(responses.chat_chunk(**common, delta=delta))
+            yield _sse(
+                responses.chat_chunk(
+                    **common,
+                    delta={},
+                    finish_reason=reply.finish_reason,
+                    policy_version=collected.policy_version,
+                )
+            )
+            if request.include_usage:
+                counts = responses.usage(len(record.input_ids), len(collected.ids))
+                yield _sse(responses.chat_chunk(**common, delta=None, usage_counts=counts))
+            yield _sse("[DONE]")
+        except ApiError as error:
+            yield _sse(error.to_json())
+
+    # ------------------------------------------------------------------ completions
+
+    def _prompt_ids(self, request: CompletionRequest) -> list[int]:
+        if not isinstance(request.prompt, str):
+            return list(request.prompt)
+        ids = self.tokenizer.encode(request.prompt)
+        return ids if self.tokenizer.bos_id is None else [self.tokenizer.bos_id, *ids]
+
+    def _completion_logprobs(self, request: CompletionRequest, ids, logprobs, top, offset: int):
+        if not request.decoding.logprobs:
+            return None
+        top = top if request.decoding.top_logprobs else None
+        return responses.completion_logprobs(self.tokenizer, ids, logprobs, top, offset)
+
+    async def completion(
+        self, request: CompletionRequest, call: CallContext
+    ) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A (legacy) text completion: the response body, or SSE bytes when streaming."""
+        started = time.monotonic()
+        input_ids = self._prompt_ids(request)
+        generation, decoding = self._plan(input_ids, request, {})
+        interaction_id = f"cmpl-{call.session_id}-{secrets.token_hex(6)}"
+        record = CallRecord("completions", interaction_id, started, input_ids, decoding)
+        collected, chunks = await self.runner.start(call, generation)
+        if request.stream:
+            return self._stream_completion(request, call, record, collected, chunks)
+        async for _ in chunks:
+            pass
+        await self._finish(call, record, collected, None)
+        finish = collected.finished.finish_reason
+        self.metrics.completions.labels("completions", finish).inc()
+        return responses.text_completion(
+            **self._common(interaction_id),
+            text=collected.text,
+            finish_reason=finish,
+            logprobs=self._completion_logprobs(
+                request, collected.ids, collected.logprobs, collected.top, 0
+            ),
+            usage_counts=responses.usage(len(input_ids), len(collected.ids)),
+            policy_version=collected.policy_version,
+        )
+
+    async def _stream_completion(
+        self,
+        request: CompletionRequest,
+        call: CallContext,
+        record: CallRecord,
+        collected: Collected,
+        chunks: AsyncIterator[TokenChunk],
+    ) -> AsyncIterator[bytes]:
+        common = self._common(record.interaction_id)
+        offset = 0
+        try:
+            async for chunk in chunks:
+                logprobs = self._completion_logprobs(
+                    request, chunk.token_ids, chunk.logprobs, chunk.top_logprobs, offset
+                )
+                offset += len(chunk.text)
+                body = responses.text_completion(
+                    **common,
+                    text=chunk.text,
+                    finish_reason=None,
+                    logprobs=logprobs,
+                    usage_counts=None,
+                    policy_version=None,
+                )
+                yield _sse(body)
+            await self._finish(call, record, collected, None)
+            finish = collected.finished.finish_reason
+            self.metrics.completions.labels("completions", finish).inc()
+            body = responses.text_completion(
+                **common,
+                text="",
+                finish_reason=finish,
+                logprobs=None,
+                usage_counts=None,
+                policy_version=collected.policy_version,
+            )
+            yield _sse(body)
+            if request.include_usage:
+                counts = responses.usage(len(record.input_ids), len(collected.ids))
+                yield _sse({**body, "choices": [], "usage": counts})
+            yield _sse("[DONE]")
+        except ApiError as error:
+            yield _sse(error.to_json())

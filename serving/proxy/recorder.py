@@ -1,0 +1,157 @@
+"""Writing one answered call into its session's trajectory, durably, before it is answered.
+
+Under the session's lock: the messages new since the session's last call become message /
+tool_call events, the completion becomes the llm_call event, and all of them go to disk in one
+commit. Then the session's state moves on (the conversation as the agent will echo it, the
+interaction id -> event index). A tenant-key call without a session opens and closes its
+one-call trajectory around the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from atdp_io import DecodingParams, EventMetadata, Outcome
+from serving.proxy.conversation import canonical, new_messages
+from serving.proxy.recording import llm_event, message_events, reply_action, system_prompt_version
+from serving.proxy.responses import Reply
+from serving.proxy.runner import CallContext, Collected
+from serving.proxy.sessions import SessionBook, SessionState
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """What the proxy knows about one call besides its output.
+
+    messages / tools: the chat conversation and exposed tools (None for /v1/completions).
+    """
+
+    endpoint: str
+    interaction_id: str
+    started: float
+    input_ids: list[int]
+    decoding: DecodingParams
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class CallRecorder:
+    def __init__(
+        self,
+        sessions: SessionBook,
+        *,
+        model_id: str,
+        template_fingerprint: str,
+        events_counter: Counter,
+        append_seconds: Histogram,
+    ):
+        self.sessions = sessions
+        self.model_id = model_id
+        self.template_fingerprint = template_fingerprint
+        self.events_counter = events_counter
+        self.append_seconds = append_seconds
+
+    async def _state_for(self, call: CallContext) -> SessionState:
+        if call.ephemeral:
+            return await self.sessions.open(call.session_id, call.tenant, call.governance or {}, {})
+        return await self.sessions.get(call.session_id, call.tenant)
+
+    def _metadata(self, call: CallContext, record: CallRecord, collected: Collected, extra: dict):
+        return EventMetadata(
+            timestamp=time.time(),
+            latency_s=time.monotonic() - record.started,
+            prompt_tokens=len(record.input_ids),
+            completion_tokens=len(collected.ids),
+            session_id=call.session_id,
+            interaction_id=record.interaction_id,
+            harness_fingerprint=self.template_fingerprint,
+            model_id=self.model_id,
+            extra=extra,
+        )
+
+    async def record(
+        self, call: CallContext, record: CallRecord, collected: Collected, reply: Reply | None
+    ) -> int:
+        """Append the call's events durably; returns the llm_call event's index."""
+        generated = collected.generated()
+        route = collected.route or call.route
+        state = await self._state_for(call)
+        async with state.lock:
+            extra: dict[str, Any] = {
+                "endpoint": record.endpoint,
+                "worker": route.worker,
+                "queue_s": generated.queue_s,
+                "stop_reason": generated.stop_reason,
+            }
+            if route.moves:
+                extra.update(moves=route.moves, repinned_from=route.previous_worker)
+            events, start = [], 0
+            if record.messages is not None:
+                start, rewritten = new_messages(state.known, record.messages)
+                if rewritten:
+                    extra["context_rewritten"] = True
+            metadata = self._metadata(call, record, collected, extra)
+            if record.messages is not None:
+                plain = EventMetadata(
+                    timestamp=metadata.timestamp,
+                    session_id=call.session_id,
+                    harness_fingerprint=self.template_fingerprint,
+                    model_id=self.model_id,
+                )
+                events += message_events(record.messages, start, record.tools, plain)
+            content = generated.text if reply is None else (reply.content or "")
+            calls = reply.tool_calls if reply is not None else []
+            action, error_class = reply_action(content, calls, record.tools)
+            if reply is not None and reply.tool_call_errors:
+                extra["tool_call_errors"] = reply.tool_call_errors
+                error_class = error_class or "malformed_tool_call"
+            if generated.error or generated.finish_reason not in ("stop", "length"):
+                error_class = f"generation_{generated.finish_reason}"
+            events.append(
+                llm_event(
+                    model_id=self.model_id,
+                    input_ids=record.input_ids,
+                    generated=generated,
+                    decoding=record.decoding,
+                    template_fingerprint=self.template_fingerprint,
+                    system_version=system_prompt_version(record.messages or []),
+                    tools=record.tools,
+                    action=action,
+                    metadata=metadata,
+                    current_version=collected.policy_version,
+                    moved=route.moves > 0,
+                    error_class=error_class,
+                )
+            )
+            begin = time.monotonic()
+            indices = await self.sessions.append(state, events)
+            self.append_seconds.observe(time.monotonic() - begin)
+            for event in events:
+                self.events_counter.labels(event.kind.value).inc()
+            llm_index = indices[-1]
+            if generated.finish_reason in ("stop", "length"):
+                state.interactions[record.interaction_id] = llm_index
+                state.last_llm = llm_index
+                if record.messages is not None and reply is not None:
+                    echoed = {
+                        "role": "assistant",
+                        "content": reply.content,
+                        "tool_calls": reply.tool_calls,
+                    }
+                    state.known = [canonical(m) for m in record.messages] + [canonical(echoed)]
+            if call.ephemeral:
+                await self.sessions.close(state, Outcome())
+        return llm_index
+
+    async def record_failure(
+        self, call: CallContext, record: CallRecord, collected: Collected
+    ) -> None:
+        """A generation that ended in an error is recorded too, when it produced tokens (the
+        samples are real; finish_reason and error_class say what happened)."""
+        if collected.finished is None or not collected.ids or call.ephemeral:
+            return
+        await self.record(call, record, collected, None)

@@ -1,0 +1,229 @@
+"""OpenAI response bodies and stream chunks, built from generated tokens and text.
+
+Tool calls: when the request exposes tools, the reply text is parsed with
+`sao_jax.tokenizers.parse_tool_calls` (Qwen's `<tool_call>{json}</tool_call>` blocks). Blocks
+that parse become `tool_calls` (finish_reason "tool_calls"); if none parses, the raw text is
+returned as content, so a malformed call is visible to the agent rather than dropped. While
+streaming, text is forwarded until a `<tool_call>` tag starts; the rest is parsed at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from sao_jax.tokenizers import Tokenizer, parse_tool_calls
+from sao_jax.tokenizers.tool_calls import TOOL_CALL_OPEN
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """The assistant reply: content (None when only tool calls), OpenAI tool_calls entries."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    tool_call_errors: list[str]
+
+
+def parse_reply(text: str, finish_reason: str, tools_enabled: bool) -> Reply:
+    """Split the generated text into content and tool calls (see the module docstring)."""
+    if not tools_enabled or TOOL_CALL_OPEN not in text:
+        return Reply(text, [], finish_reason, [])
+    parsed = parse_tool_calls(text)
+    if not parsed.tool_calls:
+        return Reply(text, [], finish_reason, parsed.errors)
+    calls = [c.to_openai(f"call_{secrets.token_hex(12)}") for c in parsed.tool_calls]
+    reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    return Reply(parsed.content or None, calls, reason, parsed.errors)
+
+
+class ToolCallStreamFilter:
+    """Passes streamed text through until a tool-call block may start, then holds the rest."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.held = ""
+        self.in_tool_call = False
+        self.streamed = ""
+
+    def feed(self, delta: str) -> str:
+        """Text that may be sent now."""
+        if not self.enabled:
+            self.streamed += delta
+            return delta
+        if self.in_tool_call:
+            self.held += delta
+            return ""
+        text = self.held + delta
+        cut = text.find(TOOL_CALL_OPEN)
+        if cut >= 0:
+            self.in_tool_call, self.held = True, text[cut:]
+            out = text[:cut]
+        else:
+            keep = 0  # a tail that could be the start of "<tool_call>"
+            for n in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
+                if text.endswith(TOOL_CALL_OPEN[:n]):
+                    keep = n
+                    break
+            out, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        self.streamed += out
+        return out
+
+
+def token_strings(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def chat_logprobs(
+    tokenizer: Tokenizer,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[Sequence[tuple[int, float]]] | None,
+) -> dict[str, Any]:
+    """OpenAI chat `logprobs` object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    content = []
+    for position, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+        token = tokenizer.decode([token_id])
+        alternatives = []
+        for alt_id, alt_logprob in top[position] if top else ():
+            alt = tokenizer.decode([alt_id])
+            alternatives.append({"token": alt, "logprob": alt_logprob, "bytes": list(alt.encode())})
+        content.append(
+            {
+                "token": token,
+                "logprob": min(logprob, 0.0),
+                "bytes": list(token.encode()),
+                "top_logprobs": alternatives,
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[Sequence[tuple[int, float]]] | None,
+    text_offset: int = 0,
+) -> dict[str, Any]:
+    """Legacy completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = token_strings(tokenizer, ids)
+    offsets, position = [], text_offset
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [min(lp, 0.0) for lp in logprobs],
+        "top_logprobs": [{tokenizer.decode([i]): lp for i, lp in row} for row in top]
+        if top
+        else None,
+        "text_offset": offsets,
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_completion(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    reply: Reply,
+    logprobs: dict[str, Any] | None,
+    usage_counts: dict[str, int],
+    policy_version: int,
+    system_fingerprint: str,
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": system_fingerprint,
+        "policy_version": policy_version,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": reply.finish_reason,
+            }
+        ],
+        "usage": usage_counts,
+    }
+
+
+def chat_chunk(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    system_fingerprint: str,
+    delta: dict[str, Any] | None,
+    finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+    usage_counts: dict[str, int] | None = None,
+    policy_version: int | None = None,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": system_fingerprint,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if usage_counts is not None:
+        chunk["usage"] = usage_counts
+    if policy_version is not None:
+        chunk["policy_version"] = policy_version
+    return chunk
+
+
+def tool_call_deltas(tool_calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each complete tool call as one streamed delta entry (with its index)."""
+    return [{"index": i, **call} for i, call in enumerate(tool_calls)]
+
+
+def text_completion(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None,
+    usage_counts: dict[str, int] | None,
+    policy_version: int | None,
+    system_fingerprint: str,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": system_fingerprint,
+        "choices": [
+            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }
+    if usage_counts is not None:
+        body["usage"] = usage_counts
+    if policy_version is not None:
+        body["policy_version"] = policy_version
+    return body

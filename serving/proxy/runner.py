@@ -1,0 +1,222 @@
+"""Running one generation for a call: plan it, stream it, survive the death of its worker.
+
+`plan_generation` turns validated OpenAI decoding settings into the worker's request and the
+`DecodingParams` recorded in ATDP (the seed actually used included, so the call is replayable).
+`GenerationRunner.start` submits it on the session's worker and waits for the first chunk, so
+a 400 / 429 surfaces before any response byte. A worker that dies mid-generation is reported
+to the router; the reply continues on the session's new worker from the tokens already
+generated (the prefix becomes part of the prompt), as AReaL resubmits interrupted requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from prometheus_client import Counter
+
+from atdp_io import DecodingParams
+from serving.common.errors import ApiError, bad_request
+from serving.common.openai_requests import Decoding
+from serving.proxy.recording import Generated
+from serving.router.client import RouterClient
+from serving.router.router import Route
+from serving.worker.client import WorkerClient, WorkerUnavailable
+from serving.worker.generation import Finished, GenerationRequest, TokenChunk
+
+MAX_WORKER_MOVES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class CallContext:
+    """Who calls and where the call goes (set by the gateway after authentication).
+
+    ephemeral: a tenant-key call without a session; it becomes a one-call trajectory with
+    `governance` (the tenant's defaults), closed right after.
+    """
+
+    session_id: str
+    tenant: str
+    route: Route
+    ephemeral: bool = False
+    governance: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CallContext:
+        data = dict(data)
+        data["route"] = Route.from_json(data["route"])
+        return cls(**data)
+
+
+@dataclasses.dataclass
+class Collected:
+    """Everything one generation produced, across workers if it had to move; `route` is the
+    route that produced the last tokens."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    text: str = ""
+    finished: Finished | None = None
+    route: Route | None = None
+
+    def add(self, chunk: TokenChunk) -> None:
+        self.ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.versions += chunk.versions
+        self.text += chunk.text
+        if chunk.top_logprobs is not None:
+            self.top += chunk.top_logprobs
+
+    @property
+    def policy_version(self) -> int:
+        return self.versions[0] if self.versions else 0
+
+    def generated(self) -> Generated:
+        f = self.finished
+        return Generated(
+            self.ids,
+            self.logprobs,
+            self.versions,
+            self.text,
+            f.finish_reason,
+            f.stop_reason,
+            f.queue_s,
+            f.error,
+        )
+
+
+def finish_error(finished: Finished) -> ApiError | None:
+    """The error a generation that did not end normally is answered with."""
+    if finished.finish_reason in ("stop", "length"):
+        return None
+    if finished.finish_reason == "timeout":
+        return ApiError(504, "the generation exceeded the request timeout", code="timeout")
+    if finished.finish_reason == "cancelled":
+        return ApiError(
+            503, "the generation was cancelled (worker shutting down)", code="cancelled"
+        )
+    return ApiError(500, f"the generation failed: {finished.error}", code="generation_failed")
+
+
+def plan_generation(
+    input_ids: list[int],
+    decoding: Decoding,
+    *,
+    context_length: int,
+    stop_ids: tuple[int, ...],
+    timeout_s: float,
+    extra: Mapping[str, Any],
+) -> tuple[GenerationRequest, DecodingParams]:
+    """(the worker request, the decoding parameters to record). 400 when the prompt leaves no
+    room; max_tokens None means the rest of the context."""
+    if len(input_ids) >= context_length:
+        raise bad_request(
+            f"this model's context is {context_length} tokens and the prompt has "
+            f"{len(input_ids)}; shorten the conversation",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    max_tokens = decoding.max_tokens or context_length - len(input_ids)
+    seed = decoding.seed if decoding.seed is not None else secrets.randbits(31)
+    generation = GenerationRequest(
+        input_ids=tuple(input_ids),
+        max_tokens=max_tokens,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        top_k=decoding.top_k,
+        seed=seed,
+        stop=decoding.stop,
+        top_logprobs=decoding.top_logprobs,
+        request_id=secrets.token_hex(8),
+        timeout_s=timeout_s,
+    )
+    recorded = DecodingParams(
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        top_k=decoding.top_k,
+        max_tokens=max_tokens,
+        stop=decoding.stop,
+        seed=seed,
+        extra={
+            "requested_max_tokens": decoding.max_tokens,
+            "seed_given": decoding.seed is not None,
+            "logprobs": decoding.logprobs,
+            "top_logprobs": decoding.top_logprobs,
+            "stop_token_ids": list(stop_ids),
+            **extra,
+        },
+    )
+    return generation, recorded
+
+
+class GenerationRunner:
+    """Streams generations from the session's worker, re-pinning when the worker dies."""
+
+    def __init__(
+        self,
+        router: RouterClient,
+        worker_client: Callable[[str], WorkerClient],
+        moves_counter: Counter,
+    ):
+        self.router = router
+        self.worker_client = worker_client
+        self.moves_counter = moves_counter
+
+    async def _chunks(
+        self, call: CallContext, request: GenerationRequest, collected: Collected
+    ) -> AsyncIterator[TokenChunk]:
+        route, moves = call.route, 0
+        while True:
+            collected.route = route
+            produced = len(collected.ids)
+            attempt = request
+            if produced:  # continue the reply where the dead worker left it
+                attempt = dataclasses.replace(
+                    request,
+                    input_ids=request.input_ids + tuple(collected.ids),
+                    max_tokens=request.max_tokens - produced,
+                    seed=(request.seed * 1_000_003 + produced) % 2**32,
+                )
+            try:
+                async for event in self.worker_client(route.worker).generate(attempt):
+                    if isinstance(event, Finished):
+                        collected.finished = event
+                        return
+                    collected.add(event)
+                    yield event
+                raise WorkerUnavailable(f"worker {route.worker} ended the stream early")
+            except WorkerUnavailable:
+                moves += 1
+                if moves > MAX_WORKER_MOVES:
+                    raise ApiError(
+                        503, "no worker could complete the request", code="no_worker"
+                    ) from None
+                route = await self.router.report_failure(call.session_id, route.worker)
+                self.moves_counter.inc()
+
+    async def start(
+        self, call: CallContext, request: GenerationRequest
+    ) -> tuple[Collected, AsyncIterator[TokenChunk]]:
+        """Submit and wait for the first chunk. Returns the collector (filled as the chunks
+        are consumed; `finished` set at the end) and the chunks, the first one included."""
+        collected = Collected()
+        chunks = self._chunks(call, request, collected)
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            return collected, _prepend([], chunks)
+        return collected, _prepend([first], chunks)
+
+
+async def _prepend(items: list, rest: AsyncIterator) -> AsyncIterator:
+    for item in items:
+        yield item
+    async for item in rest:
+        yield item

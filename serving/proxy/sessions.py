@@ -1,0 +1,228 @@
+"""The data proxy's trajectories: one open ATDP trajectory per session, written durably.
+
+A session's trajectory id is its session id. Every append goes through the tenant partition's
+single `PartitionWriter` on a thread pool, so the event loop never waits on disk and concurrent
+sessions share group commits; a call returns only once its records are committed. Session
+state (the conversation recorded so far, interaction ids -> event indices) lives in memory and
+is rebuilt from the trajectory itself after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from atdp_io import (
+    AtdpStore,
+    Envelope,
+    Event,
+    EventKind,
+    Outcome,
+    PartitionWriter,
+    Redactor,
+    TrajectoryHeader,
+    TrajectoryNotFound,
+    TrajectorySession,
+    codec,
+)
+from atdp_io.governance import EligibilityPolicy, ineligibility_reason
+from serving.common.errors import ApiError
+from serving.common.governance import governance_from_json
+from serving.proxy.conversation import Canonical, canonical
+from serving.proxy.recording import conversation_from_events
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class SessionState:
+    """What the proxy knows about one session's trajectory."""
+
+    session_id: str
+    tenant: str
+    writer_session: TrajectorySession | None  # None once closed
+    known: list[Canonical] = dataclasses.field(default_factory=list)
+    interactions: dict[str, int] = dataclasses.field(default_factory=dict)
+    last_llm: int | None = None
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+    @property
+    def closed(self) -> bool:
+        return self.writer_session is None
+
+
+class SessionBook:
+    """Writers per tenant, session states, and the durable operations on them."""
+
+    def __init__(
+        self,
+        store: AtdpStore,
+        redactor_factory: Callable[[], Redactor],
+        threads: int,
+        envelope: Envelope,
+    ):
+        self.store = store
+        self._redactor_factory = redactor_factory
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="atdp-write")
+        self._writers: dict[str, PartitionWriter] = {}
+        self._writer_lock = asyncio.Lock()
+        self._sessions: dict[str, SessionState] = {}
+        self._load_locks: dict[str, asyncio.Lock] = {}
+        self.envelope = envelope
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking storage work on the writer pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    async def writer(self, tenant: str) -> PartitionWriter:
+        writer = self._writers.get(tenant)
+        if writer is not None:
+            return writer
+        async with self._writer_lock:
+            if tenant not in self._writers:
+                redactor = self._redactor_factory()
+                self._writers[tenant] = await self.run(self.store.writer, tenant, redactor=redactor)
+            return self._writers[tenant]
+
+    async def open(
+        self,
+        session_id: str,
+        tenant: str,
+        governance: Mapping[str, Any],
+        task: Mapping[str, Any],
+        created_at: float | None = None,
+    ) -> SessionState:
+        """Start the session's trajectory (its header is durable on return)."""
+        try:
+            header = TrajectoryHeader(
+                trajectory_id=session_id,
+                governance=governance_from_json(tenant, governance),
+                created_at=created_at or time.time(),
+                session_id=session_id,
+                task=dict(task),
+                envelope=self.envelope,
+            )
+        except ValueError as error:  # SchemaError names the field
+            raise ApiError(400, f"invalid session governance or task: {error}") from None
+        writer = await self.writer(tenant)
+        writer_session = await self.run(writer.open_trajectory, header)
+        state = SessionState(session_id, tenant, writer_session)
+        self._sessions[session_id] = state
+        return state
+
+    async def get(self, session_id: str, tenant: str) -> SessionState:
+        """The session's state, rebuilt from its trajectory if this process has not seen it."""
+        state = self._sessions.get(session_id)
+        if state is not None:
+            if state.tenant != tenant:  # the gateway never routes this; refuse anyway
+                raise ApiError(404, f"no session {session_id!r} for this tenant")
+            return state
+        lock = self._load_locks.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            if session_id not in self._sessions:
+                self._sessions[session_id] = await self._load(session_id, tenant)
+        return self._sessions[session_id]
+
+    async def _load(self, session_id: str, tenant: str) -> SessionState:
+        writer = await self.writer(tenant)
+
+        def read():
+            reader = self.store.reader(tenant, principal=tenant)
+            reader.refresh()
+            trajectory = reader.read(session_id)
+            session = None if trajectory.closed else writer.resume(session_id)
+            return trajectory, session
+
+        try:
+            trajectory, writer_session = await self.run(read)
+        except TrajectoryNotFound:
+            raise ApiError(
+                404, f"no session {session_id!r} for this tenant", code="session_not_found"
+            ) from None
+        state = SessionState(session_id, tenant, writer_session)
+        state.known = [canonical(m) for m in conversation_from_events(trajectory.events)]
+        for index, event in enumerate(trajectory.events):
+            if event.kind == EventKind.LLM_CALL:
+                state.last_llm = index
+                if event.metadata.interaction_id:
+                    state.interactions[event.metadata.interaction_id] = index
+        return state
+
+    async def append(self, state: SessionState, events: Sequence[Event]) -> list[int]:
+        """Append events to an open session; durable on return."""
+        if state.writer_session is None:
+            raise ApiError(409, f"session {state.session_id!r} has ended", code="session_ended")
+        return await self.run(state.writer_session.append_events, list(events))
+
+    async def close(self, state: SessionState, outcome: Outcome) -> None:
+        if state.writer_session is None:
+            raise ApiError(
+                409, f"session {state.session_id!r} has already ended", code="session_ended"
+            )
+        await self.run(state.writer_session.close, outcome)
+        state.writer_session = None
+
+    async def add_reward(
+        self, state: SessionState, value: float, event_index: int | None, source: str
+    ) -> None:
+        """A late-bound reward (appended; the recorded events are never rewritten)."""
+        writer = await self.writer(state.tenant)
+        await self.run(
+            writer.add_reward, state.session_id, value, event_index=event_index, source=source
+        )
+
+    async def export(
+        self,
+        tenant: str,
+        *,
+        requested_by: str,
+        session_id: str | None = None,
+        eligible_only: bool = False,
+        include_open: bool = True,
+    ) -> AsyncIterator[bytes]:
+        """The tenant's trajectories as atdp_io export JSON lines (audited)."""
+        writer = await self.writer(tenant)  # creates the partition if the tenant is new
+        del writer
+
+        def index():
+            reader = self.store.reader(tenant, principal=tenant, purpose="export")
+            reader.refresh()
+            entries = reader.entries(closed_only=not include_open)
+            if session_id is not None:
+                entries = [e for e in entries if e.trajectory_id == session_id]
+            if eligible_only:
+                policy, now = EligibilityPolicy(), time.time()
+                records = reader.index.records
+                entries = [
+                    e
+                    for e in entries
+                    if not ineligibility_reason(e.governance(), e.redaction(records), now, policy)
+                ]
+            self.store.access.audit(
+                tenant,
+                principal=requested_by,
+                action="export",
+                purpose="export",
+                allowed=True,
+                detail={"trajectories": len(entries), "session_id": session_id},
+            )
+            return reader, entries
+
+        reader, entries = await self.run(index)
+        for begin in range(0, len(entries), 16):
+            batch = await self.run(reader.read_entries, entries[begin : begin + 16])
+            for trajectory in batch:
+                line = {"tenant": tenant, "trajectory": codec.trajectory_to_export(trajectory)}
+                yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
+
+    async def shutdown(self) -> None:
+        for writer in self._writers.values():
+            await self.run(writer.close)
+        self._writers.clear()
+        self._pool.shutdown(wait=True)
