@@ -1,0 +1,359 @@
+"""The public HTTP API: OpenAI-compatible completions plus the RL session endpoints.
+
+    POST /v1/chat/completions, /v1/completions     session key or tenant key
+    GET  /v1/models, /v1/models/{id}               any valid key
+    POST /rl/start_session  {"tenant"?, "task_id"?, "task"?}           admin or tenant key
+    POST /rl/set_reward     {"reward", "interaction_id"?, "session_id"?, "source"?}
+    POST /rl/end_session    {"session_id"?, "success"?, "info"?}
+    POST /rl/export         {"tenant"?, "session_id"?, "eligible_only"?, "include_open"?}
+    POST /rl/pause, /rl/continue, /rl/update_weights {"version"?, "path", "step"?}   admin
+    GET  /health, /metrics                          no key
+
+Errors use OpenAI's JSON shape (`serving.common.errors`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from serving.common.errors import ApiError, bad_request, read_json_object
+from serving.common.http import new_app
+from serving.common.metrics import metrics_handler
+from serving.common.openai_requests import parse_chat_request, parse_completion_request
+from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
+from serving.gateway.config import GatewayConfig
+from serving.gateway.gateway import Gateway
+from serving.gateway.sessions import SessionTable
+from serving.gateway.tenants import TenantDirectory
+from serving.proxy.client import HttpProxyClient, ProxyClient
+from serving.router.client import HttpRouterClient, RouterClient
+from serving.worker.client import HttpWorkerClient, WorkerClient
+
+GATEWAY = web.AppKey("gateway", Gateway)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def _principal(request: web.Request) -> Principal:
+    gateway = request.app[GATEWAY]
+    return authenticate(request, gateway.config.admin_key, gateway.tenants, gateway.sessions)
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler) -> web.StreamResponse:
+    start = time.monotonic()
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unknown"
+    response = await handler(request)
+    metrics = request.app[GATEWAY].metrics
+    metrics.requests.labels(endpoint, str(response.status)).inc()
+    metrics.seconds.labels(endpoint).observe(time.monotonic() - start)
+    return response
+
+
+async def _send(
+    request: web.Request, result: dict[str, Any] | AsyncIterator[bytes]
+) -> web.StreamResponse:
+    if isinstance(result, dict):
+        return web.json_response(result)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    try:
+        async for data in result:
+            await response.write(data)
+    except (ConnectionResetError, ConnectionError):
+        # The client went away; closing the iterator cancels the generation.
+        await result.aclose()
+        return response
+    await response.write_eof()
+    return response
+
+
+# ------------------------------------------------------------------------- OpenAI API
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    principal = _principal(request)
+    body = await read_json_object(request)
+    result = await request.app[GATEWAY].complete(principal, parse_chat_request(body))
+    return await _send(request, result)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    principal = _principal(request)
+    body = await read_json_object(request)
+    result = await request.app[GATEWAY].complete(principal, parse_completion_request(body))
+    return await _send(request, result)
+
+
+def _model_entry(info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": info["model_id"],
+        "object": "model",
+        "created": 0,
+        "owned_by": "sao_jax",
+        "context_length": info["context_length"],
+        "policy_version": info.get("policy_version"),
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    _principal(request)
+    models = await request.app[GATEWAY].models()
+    return web.json_response({"object": "list", "data": [_model_entry(m) for m in models]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    _principal(request)
+    gateway = request.app[GATEWAY]
+    model = request.match_info["model"]
+    await gateway.check_model(model)
+    info = next(m for m in await gateway.models() if m["model_id"] == model)
+    return web.json_response(_model_entry(info))
+
+
+# ------------------------------------------------------------------------- RL sessions
+
+
+def _optional(body: dict, name: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if value is not None and (
+        not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)
+    ):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise bad_request(f"'{name}' must be a {names}", param=name)
+    return value
+
+
+async def start_session(request: web.Request) -> web.Response:
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    body = await read_json_object(request)
+    tenant = _optional(body, "tenant", str)
+    if principal.kind == "session":
+        raise ApiError(403, "a session key cannot start sessions", code="forbidden")
+    if principal.kind == "tenant":
+        if tenant is not None and tenant != principal.tenant.name:
+            raise ApiError(
+                403, "a tenant key can only start sessions of its own tenant", param="tenant"
+            )
+        tenant = principal.tenant.name
+    elif tenant is None:
+        raise bad_request("'tenant' is required with the admin key", param="tenant")
+    task = dict(_optional(body, "task", dict) or {})
+    task_id = _optional(body, "task_id", str)
+    if task_id is not None:
+        task["task_id"] = task_id
+    record, key = await gateway.start_session(tenant, task)
+    models = await gateway.models()
+    return web.json_response(
+        {
+            "session_id": record.session_id,
+            "api_key": key,
+            "tenant": tenant,
+            "trajectory_id": record.session_id,
+            "model": models[0]["model_id"] if models else None,
+        }
+    )
+
+
+async def set_reward(request: web.Request) -> web.Response:
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    body = await read_json_object(request)
+    reward = body.get("reward")
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, (int, float))
+        or not math.isfinite(reward)
+    ):
+        raise bad_request("'reward' must be a finite number", param="reward")
+    interaction_id = _optional(body, "interaction_id", str)
+    session_id = _optional(body, "session_id", str)
+    if interaction_id is not None:
+        # Interaction ids are "<prefix>-<session id>-<suffix>": the session is implied.
+        parts = interaction_id.split("-")
+        if len(parts) != 3 or not parts[1]:
+            raise ApiError(
+                404, f"unknown interaction id {interaction_id!r}", param="interaction_id"
+            )
+        if session_id is not None and session_id != parts[1]:
+            raise bad_request("'interaction_id' belongs to another session", param="interaction_id")
+        session_id = parts[1]
+    record = owned_session(principal, gateway.sessions, session_id)
+    source = _optional(body, "source", str) or "user"
+    result = await gateway.set_reward(record, float(reward), interaction_id, source)
+    return web.json_response(result)
+
+
+async def end_session(request: web.Request) -> web.Response:
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    body = await read_json_object(request)
+    record = owned_session(principal, gateway.sessions, _optional(body, "session_id", str))
+    success = _optional(body, "success", bool)
+    info = _optional(body, "info", dict) or {}
+    return web.json_response(await gateway.end_session(record, success, info))
+
+
+async def export(request: web.Request) -> web.StreamResponse:
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    body = await read_json_object(request)
+    tenant = _optional(body, "tenant", str)
+    if principal.kind == "session":
+        raise ApiError(403, "a session key cannot export", code="forbidden")
+    if principal.kind == "tenant":
+        if tenant is not None and tenant != principal.tenant.name:
+            raise ApiError(403, "a tenant key can only export its own tenant", param="tenant")
+        tenants, requested_by = [principal.tenant.name], principal.tenant.name
+    else:
+        tenants = [tenant] if tenant is not None else gateway.sessions.tenants()
+        requested_by = "operator:gateway-admin"
+        if tenant is not None:
+            gateway.tenants.tenant(tenant)  # 404 for an unknown tenant
+    session_id = _optional(body, "session_id", str)
+    if session_id is not None:
+        record = owned_session(principal, gateway.sessions, session_id)
+        tenants = [record.tenant]
+    lines = gateway.export(
+        tenants,
+        requested_by=requested_by,
+        session_id=session_id,
+        eligible_only=bool(_optional(body, "eligible_only", bool)),
+        include_open=_optional(body, "include_open", bool) is not False,
+    )
+    first = await anext(lines, None)  # errors surface as a status, not mid-stream
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    if first is not None:
+        await response.write(first)
+        async for data in lines:
+            await response.write(data)
+    await response.write_eof()
+    return response
+
+
+async def pause(request: web.Request) -> web.Response:
+    require_admin(_principal(request))
+    return web.json_response({"workers": await request.app[GATEWAY].for_each_worker("pause")})
+
+
+async def resume(request: web.Request) -> web.Response:
+    require_admin(_principal(request))
+    return web.json_response({"workers": await request.app[GATEWAY].for_each_worker("resume")})
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    require_admin(_principal(request))
+    body = await read_json_object(request)
+    path = _optional(body, "path", str)
+    if not path:
+        raise bad_request("'path' (a checkpoint directory) is required", param="path")
+    version = _optional(body, "version", int)
+    results = await request.app[GATEWAY].for_each_worker(
+        "update_weights", version=version, path=path
+    )
+    return web.json_response({"workers": results})
+
+
+async def health(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        workers = await gateway.router.workers()
+    except ApiError as error:
+        return web.json_response({"status": "unavailable", "error": error.message}, status=503)
+    alive = [w for w in workers if w["alive"]]
+    versions = sorted(
+        {w["status"].get("policy_version") for w in alive if w.get("status")} - {None}
+    )
+    return web.json_response(
+        {
+            "status": "ok" if alive else "degraded",
+            "workers_alive": len(alive),
+            "policy_versions": versions,
+        },
+        status=200 if alive else 503,
+    )
+
+
+def create_app(
+    config: GatewayConfig,
+    *,
+    router: RouterClient | None = None,
+    proxies: list[str] | None = None,
+    proxy_client: Callable[[str], ProxyClient] | None = None,
+    worker_client: Callable[[str], WorkerClient] | None = None,
+    registry: CollectorRegistry | None = None,
+) -> web.Application:
+    """The gateway app. Without clients given, talks HTTP to `config.router` / `config.proxies`
+    and to the workers the router lists."""
+    app = new_app()
+    app.middlewares.insert(0, count_requests)  # outermost: counts error answers too
+    service_key = config.service_key or config.admin_key
+    owned: list = []
+    if router is None:
+        if not config.router or not config.proxies:
+            raise ValueError("a standalone gateway needs --router URL and --proxies URL[,URL]")
+        router = HttpRouterClient(config.router, service_key=service_key)
+        owned.append(router)
+    if proxy_client is None:
+        proxy_clients: dict[str, HttpProxyClient] = {}
+
+        def proxy_client(url: str) -> ProxyClient:
+            if url not in proxy_clients:
+                proxy_clients[url] = HttpProxyClient(url, service_key=service_key)
+                owned.append(proxy_clients[url])
+            return proxy_clients[url]
+
+    if worker_client is None:
+        worker_clients: dict[str, HttpWorkerClient] = {}
+
+        def worker_client(url: str) -> WorkerClient:
+            if url not in worker_clients:
+                worker_clients[url] = HttpWorkerClient(url, service_key=service_key)
+                owned.append(worker_clients[url])
+            return worker_clients[url]
+
+    tenants = (
+        TenantDirectory.from_file(config.tenants) if config.tenants else TenantDirectory.open()
+    )
+    sessions = SessionTable(config.state_dir)
+    gateway = Gateway(
+        config,
+        tenants=tenants,
+        sessions=sessions,
+        router=router,
+        proxies=proxies if proxies is not None else list(config.proxies),
+        proxy_client=proxy_client,
+        worker_client=worker_client,
+        registry=registry,
+    )
+    app[GATEWAY] = gateway
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_post("/rl/start_session", start_session)
+    app.router.add_post("/rl/set_reward", set_reward)
+    app.router.add_post("/rl/end_session", end_session)
+    app.router.add_post("/rl/export", export)
+    app.router.add_post("/rl/pause", pause)
+    app.router.add_post("/rl/continue", resume)
+    app.router.add_post("/rl/update_weights", update_weights)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_handler(gateway.metrics.registry))
+
+    async def cleanup(app: web.Application):
+        yield
+        for client in owned:
+            await client.close()
+        sessions.close()
+
+    app.cleanup_ctx.append(cleanup)
+    return app

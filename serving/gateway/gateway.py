@@ -1,0 +1,238 @@
+"""The gateway's state and operations, independent of HTTP: sessions, routing, fan-out.
+
+`Gateway` authenticates nothing itself (see `auth.py`); it turns an authenticated call into a
+routed call on the session's data proxy, and fans admin operations out to every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from serving.common.errors import ApiError
+from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
+from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.gateway.auth import Principal
+from serving.gateway.config import GatewayConfig
+from serving.gateway.sessions import SessionRecord, SessionTable
+from serving.gateway.tenants import TenantDirectory
+from serving.proxy.client import ProxyClient
+from serving.proxy.runner import CallContext
+from serving.router.client import RouterClient
+from serving.worker.client import WorkerClient
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = registry if registry is not None else new_registry()
+        self.registry = r
+        self.requests = Counter(
+            "sao_gateway_requests", "HTTP requests answered.", ["endpoint", "status"], registry=r
+        )
+        self.seconds = Histogram(
+            "sao_gateway_request_seconds",
+            "Time to the full response (streams: to the last byte).",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "sao_gateway_completions_in_flight", "Completions running.", registry=r
+        )
+        self.sessions = Counter("sao_gateway_sessions_started", "Sessions started.", registry=r)
+
+
+class Gateway:
+    """Sessions, tenants and the clients of the router, data proxies and workers."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        tenants: TenantDirectory,
+        sessions: SessionTable,
+        router: RouterClient,
+        proxies: list[str],
+        proxy_client: Callable[[str], ProxyClient],
+        worker_client: Callable[[str], WorkerClient],
+        registry: CollectorRegistry | None = None,
+    ):
+        self.config = config
+        self.tenants = tenants
+        self.sessions = sessions
+        self.router = router
+        self.proxies = list(proxies)
+        self.proxy_client = proxy_client
+        self.worker_client = worker_client
+        self.metrics = GatewayMetrics(registry)
+        self._models: list[dict[str, Any]] = []
+        self._in_flight = 0
+
+    # ------------------------------------------------------------------ models
+
+    async def models(self, refresh: bool = False) -> list[dict[str, Any]]:
+        if refresh or not self._models:
+            infos = await self.router.models()
+            unique = {info["model_id"]: info for info in infos}
+            self._models = list(unique.values())
+        return self._models
+
+    async def check_model(self, model: str) -> None:
+        ids = [m["model_id"] for m in await self.models()]
+        if model not in ids:
+            ids = [m["model_id"] for m in await self.models(refresh=True)]
+        if model not in ids:
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {ids}",
+                param="model",
+                code="model_not_found",
+            )
+
+    # ------------------------------------------------------------------ completions
+
+    def _admit(self) -> None:
+        if self._in_flight >= self.config.max_concurrent_requests:
+            raise ApiError(
+                429,
+                f"the gateway is at its limit of {self.config.max_concurrent_requests} "
+                "concurrent completions",
+                code="too_many_requests",
+                headers={"Retry-After": "1"},
+            )
+        self._in_flight += 1
+        self.metrics.in_flight.set(self._in_flight)
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        self.metrics.in_flight.set(self._in_flight)
+
+    async def _call_context(self, principal: Principal) -> tuple[CallContext, bool]:
+        """(the routed call, whether it is a one-call trajectory to release afterwards)."""
+        if principal.kind == "session":
+            record = principal.session
+            if record.ended:
+                raise ApiError(
+                    409, f"session {record.session_id!r} has ended", code="session_ended"
+                )
+            route = await self.router.route(record.session_id, proxy=record.proxy)
+            return CallContext(record.session_id, record.tenant, route), False
+        if principal.kind == "tenant":
+            session_id = secrets.token_hex(16)
+            route = await self.router.route(session_id)
+            governance = principal.tenant.governance_at(time.time())
+            call = CallContext(session_id, principal.tenant.name, route, True, governance)
+            return call, True
+        raise ApiError(
+            403,
+            "the admin key cannot call the model; start a session (/rl/start_session) and use "
+            "its key, or use a tenant key",
+            code="admin_cannot_complete",
+        )
+
+    async def complete(
+        self, principal: Principal, request: ChatRequest | CompletionRequest
+    ) -> dict[str, Any] | AsyncIterator[bytes]:
+        """Run a chat / text completion on the caller's data proxy (body or SSE bytes)."""
+        await self.check_model(request.model)
+        call, ephemeral = await self._call_context(principal)
+        self._admit()
+        released = False
+        try:
+            proxy = self.proxy_client(call.route.proxy)
+            if isinstance(request, ChatRequest):
+                pending = proxy.chat(request, call)
+            else:
+                pending = proxy.completion(request, call)
+            timeout = None if request.stream else self.config.request_timeout_s
+            async with asyncio.timeout(timeout):
+                result = await pending
+            if isinstance(result, dict):
+                return result
+            released = True
+            return self._release_after(result, call if ephemeral else None)
+        finally:
+            if not released:
+                self._release()
+                if ephemeral:
+                    await self.router.release(call.session_id)
+
+    async def _release_after(
+        self, stream: AsyncIterator[bytes], ephemeral: CallContext | None
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for data in stream:
+                yield data
+        finally:
+            self._release()
+            if ephemeral is not None:
+                await self.router.release(ephemeral.session_id)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def start_session(self, tenant: str, task: dict[str, Any]) -> tuple[SessionRecord, str]:
+        governance = self.tenants.governance(tenant)
+        record, key = self.sessions.create(tenant, proxy="", task=task)
+        route = await self.router.route(record.session_id)
+        record.proxy = route.proxy
+        try:
+            await self.proxy_client(route.proxy).open_session(
+                record.session_id, tenant, governance, task
+            )
+            await asyncio.to_thread(self.sessions.commit, record)
+        except BaseException:
+            await self.router.release(record.session_id)
+            raise
+        self.metrics.sessions.inc()
+        return record, key
+
+    async def set_reward(
+        self, record: SessionRecord, value: float, interaction_id: str | None, source: str
+    ) -> dict[str, Any]:
+        proxy = self.proxy_client(record.proxy)
+        result = await proxy.set_reward(
+            record.session_id, record.tenant, value, interaction_id=interaction_id, source=source
+        )
+        return {"session_id": record.session_id, "interaction_id": interaction_id, **result}
+
+    async def end_session(
+        self, record: SessionRecord, success: bool | None, info: dict[str, Any]
+    ) -> dict[str, Any]:
+        if record.ended:
+            raise ApiError(
+                409, f"session {record.session_id!r} has already ended", code="session_ended"
+            )
+        proxy = self.proxy_client(record.proxy)
+        result = await proxy.end_session(
+            record.session_id, record.tenant, success=success, info=info
+        )
+        await asyncio.to_thread(self.sessions.end, record)
+        await self.router.release(record.session_id)
+        return {"session_id": record.session_id, **result}
+
+    async def export(
+        self, tenants: list[str], requested_by: str, **kwargs: Any
+    ) -> AsyncIterator[bytes]:
+        for proxy in self.proxies:
+            client = self.proxy_client(proxy)
+            for tenant in tenants:
+                async for data in client.export(tenant, requested_by=requested_by, **kwargs):
+                    yield data
+
+    # ------------------------------------------------------------------ workers
+
+    async def for_each_worker(self, operation: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """Run pause / resume / update_weights on every live worker, in parallel."""
+        workers = [w["worker"] for w in await self.router.workers() if w["alive"]]
+
+        async def run(name: str) -> dict[str, Any]:
+            client = self.worker_client(name)
+            result = await getattr(client, operation)(**kwargs)
+            return {"worker": name, "result": result}
+
+        return list(await asyncio.gather(*(run(name) for name in workers)))

@@ -1,0 +1,173 @@
+"""All four services in one process: gateway, router, one data proxy, one worker.
+
+The parts talk through in-process clients (no serialisation, no internal HTTP); only the
+gateway listens. `create_local_app` is what `python -m serving` runs, and what tests and the
+benchmark build; `LocalServer` keeps handles on the parts for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from aiohttp import web
+
+from atdp_io import AtdpStore
+from serving.common.metrics import new_registry
+from serving.gateway import app as gateway_app
+from serving.gateway.config import GatewayConfig
+from serving.proxy.client import LocalProxyClient
+from serving.proxy.config import ProxyConfig
+from serving.proxy.proxy import DataProxy
+from serving.router.client import LocalRouterClient
+from serving.router.config import RouterConfig
+from serving.router.router import Router, RouterMetrics
+from serving.worker.client import LocalWorkerClient
+from serving.worker.config import WorkerConfig
+from serving.worker.service import Worker
+
+LOCAL_PROXY = "local-proxy"
+LOCAL_WORKER = "local-worker"
+
+
+@dataclasses.dataclass
+class LocalServerConfig:
+    """`python -m serving`: the whole server in one process.
+
+    Attributes:
+      host: interface to bind (loopback by default).
+      port: TCP port of the OpenAI-compatible API.
+      buffer: ATDP store the data proxy writes (directory, gs://..., kvstore spec).
+      admin_key: operator key (also read from SAO_ADMIN_KEY).
+      tenants: JSON tenants file (API keys -> governance defaults); none: open mode.
+      state_dir: where the gateway keeps its session table (default: BUFFER/gateway_state).
+      preset: model preset (tiny: random tiny MoE + byte-level BPE built at startup).
+      checkpoint: HF Qwen3-MoE directory or orbax checkpoint directory to serve.
+      tokenizer: tokenizer.json (or directory) when the checkpoint has none.
+      model_id: the model name clients use (default: sao-<preset> or the directory name).
+      seed: initialisation seed of a random preset model.
+      dtype: parameter dtype of non-tiny presets / HF checkpoints.
+      num_slots: requests decoded together.
+      context_length: prompt + completion positions per request (None: model's, <= 2048).
+      decode_steps: tokens per decode dispatch.
+      max_prefill_batch: waiting requests prefilled per dispatch.
+      max_queue: requests that may wait for a slot before 429s.
+      request_timeout_s: longest a completion may run.
+      max_staleness: staleness capacity eta (None: off).
+      staleness_batch_size: LLM calls per learner version in the staleness capacity.
+      reprefill_on_update: recompute running replies' caches after a weight swap.
+      writer_threads: threads making ATDP commits durable.
+      redact_disable: built-in redaction detectors to turn off, comma separated.
+      max_concurrent_requests: completions in flight at the gateway before 429s.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    buffer: str = ""
+    admin_key: str | None = None
+    tenants: str | None = None
+    state_dir: str | None = None
+    preset: str | None = dataclasses.field(default="tiny", metadata={"flag": "--config"})
+    checkpoint: str | None = None
+    tokenizer: str | None = None
+    model_id: str | None = None
+    seed: int = 0
+    dtype: str = "float32"
+    num_slots: int = 32
+    context_length: int | None = None
+    decode_steps: int = 8
+    max_prefill_batch: int = 8
+    max_queue: int = 256
+    request_timeout_s: float = 600.0
+    max_staleness: int | None = None
+    staleness_batch_size: int = 1
+    reprefill_on_update: bool = True
+    writer_threads: int = 32
+    redact_disable: tuple[str, ...] = ()
+    max_concurrent_requests: int = 1024
+
+    def __post_init__(self):
+        if not self.buffer:
+            raise ValueError("--buffer (the ATDP store to record into) is required")
+        self.admin_key = self.admin_key or os.environ.get("SAO_ADMIN_KEY")
+        if self.state_dir is None:
+            if "://" in self.buffer:
+                raise ValueError("with a remote --buffer, pass --state-dir (a local directory)")
+            self.state_dir = str(Path(self.buffer) / "gateway_state")
+
+    def worker_config(self) -> WorkerConfig:
+        fields = {f.name for f in dataclasses.fields(WorkerConfig)} - {
+            "host",
+            "port",
+            "service_key",
+        }
+        return WorkerConfig(**{name: getattr(self, name) for name in fields})
+
+    def proxy_config(self) -> ProxyConfig:
+        return ProxyConfig(
+            buffer=self.buffer,
+            request_timeout_s=self.request_timeout_s,
+            writer_threads=self.writer_threads,
+            redact_disable=self.redact_disable,
+        )
+
+    def gateway_config(self) -> GatewayConfig:
+        return GatewayConfig(
+            host=self.host,
+            port=self.port,
+            admin_key=self.admin_key,
+            tenants=self.tenants,
+            state_dir=self.state_dir,
+            request_timeout_s=self.request_timeout_s + 30.0,  # the worker's timeout fires first
+            max_concurrent_requests=self.max_concurrent_requests,
+        )
+
+
+@dataclasses.dataclass
+class LocalServer:
+    """Handles on the parts of a one-process server (for tests, benchmarks, the learner)."""
+
+    app: web.Application
+    worker: Worker
+    router: Router
+    proxy: DataProxy
+
+
+def create_local_server(config: LocalServerConfig, *, worker: Worker | None = None) -> LocalServer:
+    """Build the one-process server; the worker starts with the app and stops with it."""
+    registry = new_registry()
+    worker = worker or Worker.from_config(config.worker_config(), registry)
+    worker_client = LocalWorkerClient(worker, name=LOCAL_WORKER)
+    router = Router(
+        RouterConfig(), [LOCAL_PROXY], {LOCAL_WORKER: worker_client}, RouterMetrics(registry)
+    )
+    router_client = LocalRouterClient(router)
+    proxy = DataProxy(
+        config.proxy_config(),
+        tokenizer=worker.tokenizer,
+        model_info=worker.info(),
+        store=AtdpStore.open(config.buffer),
+        router=router_client,
+        worker_client=lambda name: worker_client,
+        registry=registry,
+    )
+    proxy_client = LocalProxyClient(proxy)
+    app = gateway_app.create_app(
+        config.gateway_config(),
+        router=router_client,
+        proxies=[LOCAL_PROXY],
+        proxy_client=lambda name: proxy_client,
+        worker_client=lambda name: worker_client,
+        registry=registry,
+    )
+
+    async def lifecycle(app: web.Application):
+        worker.start()
+        await router.poll_once()
+        yield
+        await proxy.close()
+        worker.stop()
+
+    app.cleanup_ctx.insert(0, lifecycle)
+    return LocalServer(app, worker, router, proxy)
