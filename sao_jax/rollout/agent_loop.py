@@ -321,7 +321,9 @@ class AgentLoop:
         )
 
     def _call_seed(self, slot: _Slot) -> int:
-        key = f"{self.config.seed}/{slot.episode_id}/{len(slot.turns)}"
+        # From the schedule-independent position of the call, not the run id: the same
+        # config seed replays the same episodes, whatever the slot and batch composition.
+        key = f"{self.config.seed}/{self.worker_id}/{slot.group_id}/{slot.member}/{len(slot.turns)}"
         return zlib.crc32(key.encode())
 
     def _prefill(self, slots, ready, generating, before_dispatch) -> list[int]:

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from atdp_io import PartitionWriter
 from sao_jax.models import Transformer
@@ -84,6 +84,8 @@ class RolloutEngine:
       on_weight_sync: called as `fn(worker_id, version)` each time a worker picks up new
         weights (e.g. for the learner's optional optimizer reset).
       sampler_kwargs: extra `Sampler` arguments (mesh, rules, ...).
+      samplers: one `Sampler` per worker to use instead of building them (keeps their
+        compiled kernels across engines); their weights are replaced by the publisher's.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class RolloutEngine:
         config: EngineConfig | None = None,
         on_weight_sync: Callable[[int, int], None] | None = None,
         sampler_kwargs: dict | None = None,
+        samplers: Sequence[Sampler] | None = None,
         run_id: str | None = None,
     ):
         rollout, env = rollout or RolloutConfig(), env or EnvConfig()
@@ -107,6 +110,8 @@ class RolloutEngine:
                 f"the writer is for tenant {writer.tenant!r} but EngineConfig.tenant is "
                 f"{config.tenant!r}"
             )
+        if samplers is not None and len(samplers) != config.num_workers:
+            raise ValueError(f"got {len(samplers)} samplers for {config.num_workers} workers")
         if rollout.group_size > config.episodes_per_version:
             raise ValueError(
                 f"group_size ({rollout.group_size}) exceeds episodes_per_version "
@@ -121,7 +126,10 @@ class RolloutEngine:
         snapshot = publisher.latest()
         self.loops: list[AgentLoop] = []
         for w in range(config.num_workers):
-            sampler = Sampler(policy, pad_id=tokenizer.pad_id, **(sampler_kwargs or {}))
+            if samplers is not None:
+                sampler = samplers[w]
+            else:
+                sampler = Sampler(policy, pad_id=tokenizer.pad_id, **(sampler_kwargs or {}))
             # Never keep the learner's own buffers: they may be donated by its next step.
             sampler.update_weights(snapshot.params, snapshot.version)
             envs = dataclasses.replace(env, seed=env.seed + w).make_envs(config.envs_per_worker)

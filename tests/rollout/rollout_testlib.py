@@ -4,6 +4,7 @@ log-prob reference, and ATDP store / loader helpers."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -44,14 +45,24 @@ def model_config():
 
 
 @functools.cache
-def model(seed: int = 0) -> Transformer:
-    return init_model(model_config(), seed=seed)
+def model() -> Transformer:
+    return init_model(model_config())
 
 
 @functools.cache
 def sampler() -> Sampler:
-    """The shared sampler at version 0 (tests that change its weights use their own)."""
-    return Sampler(model(), pad_id=tokenizer().pad_id)
+    """The shared sampler (compiled once per process); at version 0 between tests."""
+    # One prompt bucket below the cache length: few shapes, few compiles.
+    return Sampler(model(), pad_id=tokenizer().pad_id, min_prompt_bucket=512)
+
+
+@contextlib.contextmanager
+def borrowed_sampler():
+    """The shared sampler for a test that changes its weights; restored to version 0 after."""
+    try:
+        yield sampler()
+    finally:
+        sampler().update_weights(model(), 0)
 
 
 def rollout_config(**overrides) -> RolloutConfig:
@@ -63,24 +74,42 @@ def env_config(**overrides) -> EnvConfig:
     return EnvConfig(**{"max_steps": 3, **overrides})
 
 
+def other_weights():
+    """A second parameter set of the same shapes (no new compile, unlike a second init)."""
+    return jax.tree.map(lambda x: -1.5 * x, nnx.state(model()))
+
+
 @functools.cache
-def _logprob_fn(seed: int):
+def _logprob_fn():
     dropless = model_config().replace(capacity_factor=0.0)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(dropless, rngs=nnx.Rngs(0))))
-    state = nnx.state(model(seed))
 
     @jax.jit
-    def logprobs(tokens, segment_ids):
-        logits = nnx.merge(graphdef, state)(tokens, segment_ids=segment_ids)
+    def logprobs(params, tokens, segment_ids):
+        logits = nnx.merge(graphdef, params)(tokens, segment_ids=segment_ids)
         return token_logprobs_from_logits(logits[:, :-1], tokens[:, 1:])[0]
 
     return logprobs
 
 
-def forward_logprobs(tokens: np.ndarray, segment_ids: np.ndarray, seed: int = 0) -> np.ndarray:
-    """[R, T] batch -> [R, T] log p(token t | tokens < t) by one full forward pass (0 at t=0)."""
-    logp = np.asarray(_logprob_fn(seed)(tokens, segment_ids))
-    return np.concatenate([np.zeros((tokens.shape[0], 1), np.float32), logp], axis=1)
+def forward_logprobs(tokens: np.ndarray, segment_ids: np.ndarray, params=None) -> np.ndarray:
+    """[R, T] batch -> [R, T] log p(token t | tokens < t) by a full forward pass (0 at t=0)
+    under `params` (default: the shared model's).
+
+    Row by row, padded to one width, so every test shares one compiled shape.
+    """
+    params = nnx.state(model()) if params is None else params
+    out = np.zeros(tokens.shape, np.float32)
+    for r in range(tokens.shape[0]):
+        n = int(segment_ids[r].sum())
+        if n < 2:
+            continue
+        row = np.zeros((1, SEQ_LEN), np.int32)
+        row[0, :n] = tokens[r, :n]
+        segments = (np.arange(SEQ_LEN) < n).astype(np.int32)[None]
+        logp = np.asarray(_logprob_fn()(params, row, segments))[0]
+        out[r, 1:n] = logp[: n - 1]
+    return out
 
 
 def open_store(path) -> AtdpStore:

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 from rollout_testlib import (
     NUM_ENVS,
+    borrowed_sampler,
     env_config,
     forward_logprobs,
     model,
     model_config,
     open_store,
+    other_weights,
     read_batches,
     rollout_config,
     sampler,
@@ -19,7 +21,7 @@ from rollout_testlib import (
 
 from atdp_io import EventKind
 from sao_jax.envs.alfworld import AlfworldHarness, HarnessConfig
-from sao_jax.rollout import AgentLoop, RolloutConfig, Sampler, WeightPublisher, sync_sampler
+from sao_jax.rollout import AgentLoop, RolloutConfig, WeightPublisher, sync_sampler
 
 
 def play(config, *, episodes=NUM_ENVS, env=None, games=None, **kwargs):
@@ -60,7 +62,7 @@ def test_windowed_rows_equal_sampler_output_and_forward_pass(tmp_path):
     assert len(episodes) == NUM_ENVS and all(e.steps == 3 for e in episodes)
     assert all(e.truncated_by == "step_limit" and not e.won for e in episodes)
     store = write(tmp_path, episodes)
-    (batch,), loader = read_batches(store, "alfworld", "windowed")
+    (batch,), _ = read_batches(store, "alfworld", "windowed")
     turns = [t for e in episodes for t in e.turns]
     assert (batch["traj_index"] >= 0).sum() == len(turns)
     for r, turn in enumerate(turns):
@@ -86,8 +88,11 @@ def test_windowed_prompts_are_the_harness_prompts():
         assert turn.command == (info["reply"].action if info["reply"].valid else "")
 
 
-def test_concat_prefix_property_and_single_row(tmp_path):
-    episodes, _ = play(rollout_config(layout="concat"))
+def test_concat_prefix_property_single_row_and_truncation(tmp_path):
+    """Concat inputs extend the previous input + output by appended ids; the loader merges
+    each episode into one row; an episode that would overflow the context ends truncated."""
+    config = rollout_config(layout="concat")
+    episodes, _ = play(config, env=env_config(max_steps=40))
     tok = tokenizer()
     for episode in episodes:
         for prev, turn in zip(episode.turns, episode.turns[1:], strict=False):
@@ -97,6 +102,11 @@ def test_concat_prefix_property_and_single_row(tmp_path):
             assert appended.startswith("<|im_end|>" * (prev.finish_reason == "length"))
             assert "<|im_start|>user\nYou are now at step" in appended
             assert appended.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        assert episode.truncated_by == "context" and 1 < episode.steps < 40
+        last = episode.turns[-1]
+        assert last.input_ids.shape[0] + config.max_new_tokens - 1 <= config.max_context_tokens
+        outcome = episode.to_trajectory(tenant="alfworld").outcome
+        assert outcome.terminated is False and outcome.info["truncated_by"] == "context"
     store = write(tmp_path, episodes)
     (batch,), loader = read_batches(store, "alfworld", "concat")
     assert loader.stats.snapshot().get("concat_fallbacks", 0) == 0
@@ -108,17 +118,6 @@ def test_concat_prefix_property_and_single_row(tmp_path):
     check_rows_against_turns(
         batch, [[(t.input_ids.shape[0], t) for t in e.turns] for e in episodes]
     )
-
-
-def test_concat_overflow_ends_truncated_and_counted(tmp_path):
-    config = rollout_config(layout="concat")
-    episodes, _ = play(config, env=env_config(max_steps=40), episodes=2)
-    for episode in episodes:
-        assert episode.truncated_by == "context" and episode.steps < 40
-        last = episode.turns[-1]
-        assert last.input_ids.shape[0] + config.max_new_tokens - 1 <= config.max_context_tokens
-        outcome = episode.to_trajectory(tenant="alfworld").outcome
-        assert outcome.terminated is False and outcome.info["truncated_by"] == "context"
 
 
 def test_group_sampling_plays_each_game_g_times_and_writes_groups_contiguously(tmp_path):
@@ -133,6 +132,7 @@ def test_group_sampling_plays_each_game_g_times_and_writes_groups_contiguously(t
     assert len({g[0].group_id for g in groups}) == 3
     store = write(tmp_path, episodes)
     reader = store.reader("alfworld", principal="alfworld")
+    reader.refresh()
     tasks = [reader.read(i).header.task for i in reader.trajectory_ids()]
     assert [(t["group_id"], t["member"]) for t in tasks] == [
         (e.group_id, e.member) for e in episodes
@@ -157,25 +157,25 @@ def test_slot_refill_and_lockstep_play_identical_episodes():
 def test_versions_are_stamped_per_token_across_a_mid_run_update(tmp_path):
     """Weights published while episodes run are picked up at the next dispatch; every token
     carries the version that sampled it, and rows report it."""
-    own = Sampler(model(), pad_id=tokenizer().pad_id)
     publisher = WeightPublisher()
     publisher.publish(model(), 0)
-    own.update_weights(publisher.latest().params, 0)
-    new_weights = model(seed=1)
+    new_weights = other_weights()
     dispatches = []
+    with borrowed_sampler() as own:
+        own.update_weights(publisher.latest().params, 0)
 
-    def before_dispatch():
-        dispatches.append(own.policy_version)
-        if len(dispatches) == 6:
-            publisher.publish(new_weights, 1)
-        sync_sampler(own, publisher)
+        def before_dispatch():
+            dispatches.append(own.policy_version)
+            if len(dispatches) == 6:
+                publisher.publish(new_weights, 1)
+            sync_sampler(own, publisher)
 
-    loop = AgentLoop(own, tokenizer(), env_config().make_envs(NUM_ENVS), rollout_config())
-    episodes = [e for g in loop.play(max_episodes=4, before_dispatch=before_dispatch) for e in g]
-    assert own.policy_version == 1 and dispatches.count(0) == 6
-    tokens = [(t.started_at, v) for e in episodes for t in e.turns for v in t.output_versions]
-    versions = [v for _, v in sorted(tokens, key=lambda x: x[0])]
-    assert set(versions) == {0, 1}
+        loop = AgentLoop(own, tokenizer(), env_config().make_envs(NUM_ENVS), rollout_config())
+        plays = loop.play(max_episodes=4, before_dispatch=before_dispatch)
+        episodes = [e for g in plays for e in g]
+        assert own.policy_version == 1 and dispatches.count(0) == 6
+    versions = {int(v) for e in episodes for t in e.turns for v in t.output_versions}
+    assert versions == {0, 1}
     for episode in episodes:
         for turn in episode.turns:  # versions never go back within a call
             assert np.all(np.diff(turn.output_versions) >= 0)
@@ -185,7 +185,7 @@ def test_versions_are_stamped_per_token_across_a_mid_run_update(tmp_path):
     assert late
     turn = late[-1]
     row = np.concatenate([turn.input_ids, turn.output_ids])[None]
-    logp = forward_logprobs(row, np.ones_like(row), seed=1)[0, turn.input_ids.shape[0] :]
+    logp = forward_logprobs(row, np.ones_like(row), new_weights)[0, turn.input_ids.shape[0] :]
     np.testing.assert_allclose(turn.output_logprobs, logp, atol=2e-4)
     store = write(tmp_path, episodes)
     (batch,), _ = read_batches(store, "alfworld", "windowed")
