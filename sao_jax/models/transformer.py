@@ -27,7 +27,7 @@ from sao_jax.models.layers import (
 )
 from sao_jax.models.logprobs import chunked_token_logprobs
 from sao_jax.models.moe import MoeAux, MoeBlock, MoeStats
-from sao_jax.sharding import LogicalRules, init_sharded, shard
+from sao_jax.sharding import LogicalRules, init_sharded, one_off_compiler_options, shard
 
 
 @struct.dataclass
@@ -198,4 +198,5 @@ def init_model(
     if mesh is not None:
         return init_sharded(factory, mesh, rules)
     graphdef, _ = nnx.split(nnx.eval_shape(factory))
-    return nnx.merge(graphdef, jax.jit(lambda: nnx.state(factory()))())
+    create = jax.jit(lambda: nnx.state(factory()), compiler_options=one_off_compiler_options())
+    return nnx.merge(graphdef, create())

@@ -1,5 +1,6 @@
 """Critic: initialised from the policy, values [B, T], freezable attention by path pattern."""
 
+import functools
 import re
 
 import jax
@@ -29,11 +30,17 @@ def policy():
     return init_model(CONFIG)
 
 
-def _values(critic, tokens, **kw):
-    graphdef, state = nnx.split(critic)
-    return jax.jit(lambda s, t, **k: nnx.merge(graphdef, s).values_and_aux(t, **k))(
-        state, tokens, **kw
-    )
+@functools.partial(jax.jit, static_argnums=0)
+def _run(graphdef, state, tokens, segment_ids):
+    """(values, aux, hidden) of a critic in one compiled function."""
+    critic = nnx.merge(graphdef, state)
+    values, aux = critic.values_and_aux(tokens, segment_ids=segment_ids)
+    return values, aux, critic.forward(tokens, segment_ids=segment_ids).hidden
+
+
+def _values(critic, tokens, segment_ids=None):
+    segment_ids = jnp.ones_like(tokens) if segment_ids is None else segment_ids
+    return _run(*nnx.split(critic), tokens, segment_ids)
 
 
 def test_critic_from_policy_copies_backbone_and_predicts_values(policy):
@@ -47,26 +54,27 @@ def test_critic_from_policy_copies_backbone_and_predicts_values(policy):
             np.testing.assert_array_equal(variable.get_value(), policy_params[path].get_value())
 
     tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, CONFIG.vocab_size)
-    values, aux = _values(critic, tokens)
+    values, aux, _ = _values(critic, tokens)
     assert values.shape == (2, 6) and values.dtype == jnp.float32
     np.testing.assert_array_equal(values, 0.0)  # zero-initialised head
     assert aux.expert_load.shape == (CONFIG.num_layers, CONFIG.num_experts)
 
     kernel = jax.random.normal(jax.random.key(1), critic.value_head.kernel.shape)
     critic.value_head.kernel.set_value(kernel)
-    values, _ = _values(critic, tokens)
-    graphdef, state = nnx.split(critic)
-    hidden = jax.jit(lambda s, t: nnx.merge(graphdef, s).forward(t).hidden)(state, tokens)
+    values, _, hidden = _values(critic, tokens)
     np.testing.assert_allclose(values, (hidden @ kernel)[..., 0], atol=1e-5)
+    assert float(jnp.std(values)) > 0
     # Values are causal: changing the last token changes only the last value.
     changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % CONFIG.vocab_size)
-    new_values, _ = _values(critic, changed)
+    new_values, _, _ = _values(critic, changed)
     np.testing.assert_allclose(new_values[:, :-1], values[:, :-1], atol=1e-5)
-    # Padding leaves the other positions' values unchanged.
+    assert not np.allclose(new_values[:, -1], values[:, -1])
+    # Padding (whatever its content) leaves the other positions' values unchanged.
     segments = jnp.array([[1, 1, 1, 1, 0, 0]] * 2)
-    padded, _ = _values(critic, tokens, segment_ids=segments)
-    short, _ = _values(critic, tokens[:, :4])
-    np.testing.assert_allclose(padded[:, :4], short, atol=1e-5)
+    padded, _, _ = _values(critic, tokens, segments)
+    garbage, _, _ = _values(critic, tokens.at[:, 4:].set(3), segments)
+    np.testing.assert_allclose(padded[:, :4], values[:, :4], atol=1e-5)
+    np.testing.assert_allclose(garbage[:, :4], values[:, :4], atol=1e-5)
 
 
 def test_attention_parameters_are_selectable_by_path_pattern(policy):

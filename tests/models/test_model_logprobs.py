@@ -21,7 +21,7 @@ def _naive(hidden, unembed, targets, temperature=1.0):
     return token_logprobs_from_logits(hidden @ unembed, targets, temperature)
 
 
-@pytest.mark.parametrize("chunk_size", [1, 8, 37, 64])
+@pytest.mark.parametrize("chunk_size", [5, 37, 64])  # 5 does not divide T=37; 64 > T
 def test_chunked_equals_naive(chunk_size):
     hidden, unembed, targets = _inputs()
     logp, entropy = chunked_token_logprobs(hidden, unembed, targets, chunk_size=chunk_size)
