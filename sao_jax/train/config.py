@@ -1,0 +1,142 @@
+"""Typed learner configuration: optimizers, trainable-parameter patterns, algorithm knobs.
+
+Plain dataclasses, so an experiment can nest them in its own config and override any field
+from the command line (`learner.critic_steps=4`, `learner.policy_optimizer.learning_rate=3e-5`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from sao_jax.train.algorithms import get_algorithm
+
+# Paths are "/"-joined nnx paths: `embed/embedding`, `layers/0/attn/q_proj/kernel`,
+# `layers/0/moe/experts/gate_proj`, `layers/1/mlp/up_proj/kernel`, `value_head/kernel`.
+ALL_PARAMETERS: tuple[str, ...] = (".*",)
+# SAO's critic: attention (and embeddings / norms) frozen, MoE / MLP projections + head train.
+CRITIC_FFN_AND_HEAD: tuple[str, ...] = (r"(^|/)(moe|mlp)/", r"^value_head/")
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """AdamW with linear warm-up and global-norm gradient clipping.
+
+    Attributes:
+      learning_rate: peak learning rate.
+      warmup_steps: optimizer steps of linear warm-up from 0 to the peak (0: none).
+      b1: Adam first-moment decay.
+      b2: Adam second-moment decay.
+      eps: Adam epsilon.
+      weight_decay: decoupled weight decay (AdamW).
+      max_grad_norm: clip the global gradient norm to this (<= 0: no clipping).
+    """
+
+    learning_rate: float = 1e-4
+    warmup_steps: int = 0
+    b1: float = 0.9
+    b2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        for name in ("b1", "b2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class LearnerConfig:
+    """What the learner optimises and how.
+
+    Attributes:
+      algorithm: "sao", "grpo", "grpo_dis", "ppo" (see sao_jax.train.algorithms.ALGORITHMS).
+      policy_optimizer: optimizer of the policy's trainable parameters.
+      critic_optimizer: optimizer of the critic's trainable parameters.
+      policy_trainable: regexes (searched in "/"-joined nnx paths) of policy parameters that
+        train; the rest stay frozen.
+      critic_trainable: regexes of critic parameters that train (SAO: MoE / MLP and value head).
+      eps_low: DIS lower bound: tokens with rollout ratio <= 1 - eps_low get no gradient.
+      eps_high: DIS upper bound: tokens with rollout ratio >= 1 + eps_high get no gradient.
+      clip_eps_low: lower clip range of the PPO / GRPO surrogate.
+      clip_eps_high: upper clip range of the PPO / GRPO surrogate.
+      critic_steps: critic gradient steps per policy step (K; SAO: 2).
+      critic_warmup_steps: critic-only iterations before the first policy step.
+      ppo_epochs: policy steps per batch for PPO (its ratio is against the policy at the
+        start of the iteration, so one step would never clip).
+      gamma: discount per action token.
+      lam_alpha: length-adaptive policy lambda = clip(1 - 1 / (lam_alpha * L), 0, 1), L the
+        trajectory's action tokens.
+      policy_lam: a fixed policy lambda instead of the adaptive one (None: adaptive).
+      critic_lam: lambda of the critic's targets (1: Monte-Carlo returns).
+      value_clip: PPO-style value clipping range of the critic loss (None: off).
+      group_size: GRPO rollouts per prompt (G), used to check batches hold whole groups.
+      group_normalize_std: GRPO advantages divided by the group's std (False: mean only).
+      normalize_advantages: whiten GAE advantages over the batch's action tokens.
+      entropy_coef: weight of an entropy bonus on the policy (0: none).
+      load_balance_loss_weight: weight of the MoE load-balancing loss (policy and critic).
+      router_z_loss_weight: weight of the router z-loss (policy and critic).
+      reset_optimizer_on_sync: re-initialise the policy optimizer state whenever weights are
+        published to the rollout workers.
+      logprob_chunk_size: sequence chunk of the log-prob computation (memory of [B, chunk, V]).
+    """
+
+    algorithm: str = "sao"
+    policy_optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    critic_optimizer: OptimizerConfig = dataclasses.field(
+        default_factory=lambda: OptimizerConfig(learning_rate=3e-4)
+    )
+    policy_trainable: tuple[str, ...] = ALL_PARAMETERS
+    critic_trainable: tuple[str, ...] = CRITIC_FFN_AND_HEAD
+    eps_low: float = 0.3
+    eps_high: float = 5.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    critic_steps: int = 2
+    critic_warmup_steps: int = 10
+    ppo_epochs: int = 2
+    gamma: float = 1.0
+    lam_alpha: float = 1.5
+    policy_lam: float | None = None
+    critic_lam: float = 1.0
+    value_clip: float | None = None
+    group_size: int = 4
+    group_normalize_std: bool = True
+    normalize_advantages: bool = False
+    entropy_coef: float = 0.0
+    load_balance_loss_weight: float = 1e-3
+    router_z_loss_weight: float = 1e-3
+    reset_optimizer_on_sync: bool = False
+    logprob_chunk_size: int = 256
+
+    def __post_init__(self):
+        get_algorithm(self.algorithm)
+        for name in ("critic_steps", "ppo_epochs", "group_size", "logprob_chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.critic_warmup_steps < 0:
+            raise ValueError(
+                f"LearnerConfig.critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}"
+            )
+        for name in ("gamma", "critic_lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(
+                    f"LearnerConfig.{name} must be in [0, 1], got {getattr(self, name)}"
+                )
+        if self.policy_lam is not None and not 0 <= self.policy_lam <= 1:
+            raise ValueError(f"LearnerConfig.policy_lam must be in [0, 1], got {self.policy_lam}")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"LearnerConfig.value_clip must be > 0 or None, got {self.value_clip}")
+        for name in ("policy_trainable", "critic_trainable"):
+            for pattern in getattr(self, name):
+                try:
+                    re.compile(pattern)
+                except re.error as error:
+                    raise ValueError(
+                        f"LearnerConfig.{name}: {pattern!r} is not a regex: {error}"
+                    ) from error

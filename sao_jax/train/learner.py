@@ -1,0 +1,343 @@
+"""The SAO learner (and its GRPO, GRPO+DIS and PPO baselines) over ATDP batches.
+
+One iteration on one loader batch (SAO):
+
+    critic values -> action-only GAE (policy: length-adaptive lambda; critic: lambda = 1)
+    -> one policy step with the DIS loss -> K critic steps on the same targets
+
+GRPO / GRPO+DIS replace the critic by group-relative returns; PPO takes its ratio against the
+learner's own log-probs at the start of the iteration and makes `ppo_epochs` policy steps.
+Before the first policy step, `critic_warmup_steps` batches train the critic alone.
+
+The learner never sees a rollout object: batches come from `atdp_io`'s loader. Its policy
+version counts policy updates; rollout samples carry the version that produced them, so the
+loader's staleness filter reads `learner.policy_version`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sao_jax.models import Critic, Transformer
+from sao_jax.sharding import LogicalRules
+from sao_jax.train import advantages as adv_lib
+from sao_jax.train.algorithms import get_algorithm
+from sao_jax.train.config import LearnerConfig
+from sao_jax.train.learner_steps import ModelShardings, StepSpec, learner_steps, trace_key
+from sao_jax.train.partition import split_trainable
+from sao_jax.train.steps import BATCH_KEYS, Placement, make_optimizer
+
+Metrics = dict[str, Any]
+
+
+@dataclasses.dataclass
+class LearnerCounters:
+    """Progress of a learner, saved in checkpoint metadata.
+
+    policy_version: policy updates applied (the version stamped on published weights).
+    """
+
+    iterations: int = 0
+    policy_version: int = 0
+    critic_steps: int = 0
+    warmup_iterations: int = 0
+    skipped_policy_steps: int = 0
+    skipped_critic_steps: int = 0
+
+
+class Learner:
+    """Trains a policy (and, for GAE algorithms, a critic) on ATDP loader batches.
+
+    Args:
+      config: learner config; `config.algorithm` picks SAO / GRPO / GRPO+DIS / PPO.
+      policy: the policy to train (its arrays are taken over; use `policy_module()` after).
+      critic: the critic; default `Critic.from_policy(policy)` when the algorithm needs one.
+      mesh, rules: optional device mesh and logical-axis rules (see `sao_jax.sharding`).
+    """
+
+    def __init__(
+        self,
+        config: LearnerConfig,
+        policy: Transformer,
+        *,
+        critic: Critic | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+        rules: LogicalRules | None = None,
+    ):
+        self.config = config
+        self.algorithm = get_algorithm(config.algorithm)
+        self.placement = Placement(mesh, rules)
+        self.counters = LearnerCounters()
+        self.model_config = policy.config
+        self._policy_optimizer = make_optimizer(config.policy_optimizer)
+        self._policy_graphdef, policy_trainable, self._policy_frozen = split_trainable(
+            policy, config.policy_trainable, name="policy"
+        )
+        self._policy_param_sh = self.placement.params(policy_trainable)
+        self._policy_frozen_sh = self.placement.params(self._policy_frozen)
+        self.policy_params = self.placement.put(policy_trainable, self._policy_param_sh)
+        self._policy_frozen = self.placement.put(self._policy_frozen, self._policy_frozen_sh)
+        self.policy_opt_state = self.placement.init_optimizer(
+            self._policy_optimizer, self.policy_params
+        )
+        self._policy_opt_sh = self.placement.like(self.policy_opt_state)
+        self.critic_params = self.critic_opt_state = None
+        if self.algorithm.uses_critic:
+            critic = critic if critic is not None else Critic.from_policy(policy)
+            self._critic_optimizer = make_optimizer(config.critic_optimizer)
+            self._critic_graphdef, critic_trainable, self._critic_frozen = split_trainable(
+                critic, config.critic_trainable, name="critic"
+            )
+            self._critic_param_sh = self.placement.params(critic_trainable)
+            self._critic_frozen_sh = self.placement.params(self._critic_frozen)
+            self.critic_params = self.placement.put(critic_trainable, self._critic_param_sh)
+            self._critic_frozen = self.placement.put(self._critic_frozen, self._critic_frozen_sh)
+            self.critic_opt_state = self.placement.init_optimizer(
+                self._critic_optimizer, self.critic_params
+            )
+            self._critic_opt_sh = self.placement.like(self.critic_opt_state)
+        elif critic is not None:
+            raise ValueError(f"algorithm {self.algorithm.name!r} trains no critic; got one")
+
+    # -- models ---------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self.counters.policy_version
+
+    def policy_module(self, *, copy: bool = True) -> Transformer:
+        """The current policy as a `Transformer`. `copy=True` gives arrays that later updates
+        (which donate their buffers) cannot invalidate: what weight publication needs."""
+        params = jax.tree.map(jnp.copy, self.policy_params) if copy else self.policy_params
+        return nnx.merge(self._policy_graphdef, params, self._policy_frozen)
+
+    def critic_module(self, *, copy: bool = True) -> Critic:
+        if not self.algorithm.uses_critic:
+            raise ValueError(f"algorithm {self.algorithm.name!r} has no critic")
+        params = jax.tree.map(jnp.copy, self.critic_params) if copy else self.critic_params
+        return nnx.merge(self._critic_graphdef, params, self._critic_frozen)
+
+    def reset_policy_optimizer(self) -> None:
+        """Fresh policy optimizer state (moments and schedule count)."""
+        self.policy_opt_state = self.placement.init_optimizer(
+            self._policy_optimizer, self.policy_params
+        )
+
+    def on_weights_published(self) -> None:
+        """Call after publishing weights to rollout workers (resets the optimizer if asked)."""
+        if self.config.reset_optimizer_on_sync:
+            self.reset_policy_optimizer()
+
+    # -- training -------------------------------------------------------------------------------
+
+    @property
+    def in_warmup(self) -> bool:
+        return (
+            self.algorithm.uses_critic
+            and self.counters.warmup_iterations < self.config.critic_warmup_steps
+        )
+
+    def iteration(self, batch: Mapping[str, np.ndarray]) -> Metrics:
+        """One learner iteration on a loader batch; returns host metrics (floats).
+
+        During critic warm-up the iteration trains the critic only (`phase` = 0); afterwards it
+        makes the algorithm's policy step(s) and K critic steps (`phase` = 1).
+        """
+        device_batch = self._device_batch(batch)
+        fns = self._functions(device_batch)
+        staleness = _staleness(batch, self.counters.policy_version)
+        critic_args = (
+            (self.critic_params, self._critic_frozen) if self.algorithm.uses_critic else ()
+        )
+        prepared = fns["prepare"](
+            self.policy_params, self._policy_frozen, *critic_args, device_batch
+        )
+        metrics: Metrics = {f"batch/{k}": v for k, v in prepared["stats"].items()}
+        warmup = self.in_warmup
+        if not warmup:
+            epochs = self.config.ppo_epochs if self.algorithm.behaviour == "old_policy" else 1
+            for _ in range(epochs):
+                self.policy_params, self.policy_opt_state, policy_metrics = fns["policy"](
+                    self.policy_params,
+                    self._policy_frozen,
+                    self.policy_opt_state,
+                    device_batch,
+                    prepared["advantages"],
+                    prepared["behaviour_logp"],
+                )
+                skipped = int(jax.device_get(policy_metrics["skipped"]))
+                self.counters.skipped_policy_steps += skipped
+                self.counters.policy_version += 1 - skipped
+            metrics.update({f"policy/{k}": v for k, v in policy_metrics.items()})
+        if self.algorithm.uses_critic:
+            for _ in range(self.config.critic_steps):
+                self.critic_params, self.critic_opt_state, critic_metrics = fns["critic"](
+                    self.critic_params,
+                    self._critic_frozen,
+                    self.critic_opt_state,
+                    device_batch,
+                    prepared["returns"],
+                    prepared["values"],
+                )
+                skipped = int(jax.device_get(critic_metrics["skipped"]))
+                self.counters.skipped_critic_steps += skipped
+                self.counters.critic_steps += 1 - skipped
+            metrics.update({f"critic/{k}": v for k, v in critic_metrics.items()})
+        if warmup:
+            self.counters.warmup_iterations += 1
+        self.counters.iterations += 1
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        host.update(staleness)
+        host.update(
+            phase=0.0 if warmup else 1.0,
+            policy_version=float(self.counters.policy_version),
+            skipped_policy_steps=float(self.counters.skipped_policy_steps),
+            skipped_critic_steps=float(self.counters.skipped_critic_steps),
+        )
+        return host
+
+    def advantages(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """What an iteration would train on, without training: `advantages` and
+        `behaviour_logp` [R, T] (plus `values`, `returns` for GAE algorithms), as numpy."""
+        device_batch = self._device_batch(batch)
+        critic_args = (
+            (self.critic_params, self._critic_frozen) if self.algorithm.uses_critic else ()
+        )
+        prepared = self._functions(device_batch)["prepare"](
+            self.policy_params, self._policy_frozen, *critic_args, device_batch
+        )
+        prepared.pop("stats")
+        return {k: np.asarray(v) for k, v in jax.device_get(prepared).items()}
+
+    def policy_logprobs(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """[R, T] log pi(token t | tokens < t) of the current policy (0 in column 0)."""
+        device_batch = self._device_batch(batch)
+        logp = self._functions(device_batch)["logprobs"](
+            self.policy_params, self._policy_frozen, device_batch
+        )
+        return np.asarray(jax.device_get(logp))
+
+    def _device_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        missing = [k for k in BATCH_KEYS if k not in batch]
+        if missing:
+            raise ValueError(f"Learner: batch lacks {missing}; expected an atdp_io loader batch")
+        host = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
+        if self.algorithm.advantage == "group":
+            host["group_id"] = adv_lib.prompt_group_ids(host)
+        if jax.process_count() > 1:  # trajectory slots are per host; make them global
+            rows = host["traj_index"].shape[0]
+            offset = jax.process_index() * rows
+            host["traj_index"] = np.where(host["traj_index"] >= 0, host["traj_index"] + offset, -1)
+        return self.placement.put_batch(host)
+
+    # -- jitted functions -----------------------------------------------------------------------
+
+    def _functions(self, batch: Mapping[str, jax.Array]) -> dict[str, Any]:
+        critic = self.algorithm.uses_critic
+        spec = StepSpec(
+            config_key=trace_key(self.config),
+            policy_graphdef=self._policy_graphdef,
+            critic_graphdef=self._critic_graphdef if critic else None,
+            shapes=tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())),
+            mesh=self.placement.mesh,
+            rules=self.placement.rules,
+            config=self.config,
+            shardings=ModelShardings(
+                self._policy_param_sh,
+                self._policy_frozen_sh,
+                self._policy_opt_sh,
+                self._critic_param_sh if critic else None,
+                self._critic_frozen_sh if critic else None,
+                self._critic_opt_sh if critic else None,
+            ),
+        )
+        return learner_steps(spec)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def checkpoint_items(self) -> dict[str, Any]:
+        """Items for `sao_jax.checkpoint.Checkpointer.save` (models whole, optimizer states)."""
+        items: dict[str, Any] = {
+            "policy": self.policy_module(copy=False),
+            "policy_opt": {"state": self.policy_opt_state},
+        }
+        if self.algorithm.uses_critic:
+            items["critic"] = self.critic_module(copy=False)
+            items["critic_opt"] = {"state": self.critic_opt_state}
+        return items
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """JSON metadata of the learner's progress (and algorithm, checked on restore)."""
+        return {"algorithm": self.algorithm.name, **dataclasses.asdict(self.counters)}
+
+    def save(
+        self,
+        checkpointer: Any,
+        step: int,
+        *,
+        items: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Save the learner (plus the caller's `items` / `metadata`) as `step` of a Checkpointer.
+
+        The learner's counters go to `metadata["learner"]`.
+        """
+        return checkpointer.save(
+            step,
+            {**self.checkpoint_items(), **(items or {})},
+            metadata={"learner": self.checkpoint_metadata(), **(metadata or {})},
+            force=force,
+        )
+
+    def restore(
+        self, checkpointer: Any, *, step: int | None = None, items: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Load the learner from a Checkpointer step (default: latest) written by `save`.
+
+        `items` are the caller's extra restore targets (e.g. `{"train": {"rng": key}}`).
+        Returns the `Restored` record (its `items` and `metadata` hold the caller's parts too).
+        """
+        metadata = checkpointer.metadata(step)
+        saved = metadata.get("learner", {}).get("algorithm")
+        if saved is not None and saved != self.algorithm.name:
+            raise ValueError(
+                f"checkpoint is of algorithm {saved!r}, this learner runs {self.algorithm.name!r}"
+            )
+        restored = checkpointer.restore({**self.checkpoint_items(), **(items or {})}, step=step)
+        policy = restored.items["policy"]
+        _, trainable, frozen = split_trainable(policy, self.config.policy_trainable)
+        self.policy_params = self.placement.put(trainable, self._policy_param_sh)
+        self._policy_frozen = self.placement.put(frozen, self._policy_frozen_sh)
+        self.policy_opt_state = self.placement.put(
+            restored.items["policy_opt"]["state"], self._policy_opt_sh
+        )
+        if self.algorithm.uses_critic:
+            _, trainable, frozen = split_trainable(
+                restored.items["critic"], self.config.critic_trainable
+            )
+            self.critic_params = self.placement.put(trainable, self._critic_param_sh)
+            self._critic_frozen = self.placement.put(frozen, self._critic_frozen_sh)
+            self.critic_opt_state = self.placement.put(
+                restored.items["critic_opt"]["state"], self._critic_opt_sh
+            )
+        counters = restored.metadata.get("learner", {})
+        fields = {f.name for f in dataclasses.fields(LearnerCounters)}
+        self.counters = LearnerCounters(**{k: int(v) for k, v in counters.items() if k in fields})
+        return restored
+
+
+def _staleness(batch: Mapping[str, np.ndarray], version: int) -> dict[str, float]:
+    """How many policy versions behind the learner the batch's action tokens are (host-side)."""
+    versions = np.asarray(batch["versions"])[np.asarray(batch["loss_mask"]) > 0]
+    if versions.size == 0:
+        return {"batch/staleness_mean": 0.0, "batch/staleness_max": 0.0}
+    lag = version - versions.astype(np.int64)
+    return {"batch/staleness_mean": float(lag.mean()), "batch/staleness_max": float(lag.max())}

@@ -1,0 +1,238 @@
+"""The learner's jitted functions, compiled once per (config, model structure, batch shape, mesh).
+
+`learner_steps(spec)` returns
+- `prepare(policy_params, policy_frozen, [critic_params, critic_frozen,] batch)` -> advantages,
+  behaviour log-probs (and values, returns) plus batch statistics;
+- `policy(params, frozen, opt_state, batch, advantages, behaviour_logp)` -> guarded update;
+- `critic(params, frozen, opt_state, batch, returns, old_values)` -> guarded update;
+- `logprobs(params, frozen, batch)` -> [R, T].
+
+Functions are cached on a `StepSpec` holding everything they trace, so several learners of one
+configuration (seeds of a comparison, a resumed run, tests) share compiled executables. The
+cached closures hold no learner and no parameter arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sao_jax.losses import get_policy_loss, masked_token_mean
+from sao_jax.sharding import LogicalRules
+from sao_jax.train import advantages as adv_lib
+from sao_jax.train import objectives
+from sao_jax.train.algorithms import get_algorithm
+from sao_jax.train.config import LearnerConfig
+from sao_jax.train.steps import Placement, guarded_update, make_optimizer
+
+# Fields that only steer the Python loop, never what is traced.
+_LOOP_ONLY_FIELDS = {
+    "critic_steps": 1,
+    "critic_warmup_steps": 0,
+    "ppo_epochs": 1,
+    "reset_optimizer_on_sync": False,
+    "group_size": 1,
+}
+
+
+def trace_key(config: LearnerConfig) -> str:
+    """The part of a config the jitted functions depend on, as a hashable string."""
+    return repr(dataclasses.replace(config, **_LOOP_ONLY_FIELDS))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShardings:
+    """Shardings of the learner's states (None entries without a mesh or without a critic)."""
+
+    policy_params: Any
+    policy_frozen: Any
+    policy_opt: Any
+    critic_params: Any
+    critic_frozen: Any
+    critic_opt: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Cache key of the compiled learner functions (config / shardings ride along, uncompared:
+    they follow from the compared fields)."""
+
+    config_key: str
+    policy_graphdef: nnx.GraphDef
+    critic_graphdef: nnx.GraphDef | None
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    mesh: jax.sharding.Mesh | None
+    rules: LogicalRules | None
+    config: LearnerConfig = dataclasses.field(compare=False, hash=False)
+    shardings: ModelShardings = dataclasses.field(compare=False, hash=False)
+
+
+_CACHE: dict[StepSpec, dict[str, Any]] = {}
+
+
+def learner_steps(spec: StepSpec) -> dict[str, Any]:
+    """The jitted functions for `spec` (built on first use, then shared)."""
+    if spec not in _CACHE:
+        _CACHE[spec] = _build(spec)
+    return _CACHE[spec]
+
+
+def policy_loss_fn(config: LearnerConfig):
+    """The algorithm's policy objective with the config's clip ranges bound."""
+    algorithm = get_algorithm(config.algorithm)
+    if algorithm.policy_loss in ("sao", "grpo_dis"):
+        bounds = {"eps_low": config.eps_low, "eps_high": config.eps_high}
+    else:
+        bounds = {"eps_low": config.clip_eps_low, "eps_high": config.clip_eps_high}
+    return get_policy_loss(algorithm.policy_loss, **bounds)
+
+
+def _build(spec: StepSpec) -> dict[str, Any]:
+    config, sh = spec.config, spec.shardings
+    algorithm = get_algorithm(config.algorithm)
+    place = Placement(spec.mesh, spec.rules)
+    shapes = dict(spec.shapes)
+    batch_sh = place.batch(shapes)
+    token_sh = place.rows(shapes["tokens"])
+    rep = place.replicated()
+    policy_graphdef, critic_graphdef = spec.policy_graphdef, spec.critic_graphdef
+    policy_optimizer = make_optimizer(config.policy_optimizer)
+    policy_loss = policy_loss_fn(config)
+    aux_weights = {
+        "load_balance_weight": config.load_balance_loss_weight,
+        "z_weight": config.router_z_loss_weight,
+    }
+
+    def prepare(policy_params, policy_frozen, *rest):
+        *critic_state, batch = rest
+        mask = objectives.action_mask(batch)
+        out = {"behaviour_logp": batch["rollout_logp"].astype(jnp.float32)}
+        if algorithm.behaviour == "old_policy":
+            policy = nnx.merge(policy_graphdef, policy_params, policy_frozen)
+            logp, _, _ = objectives.policy_logprobs(
+                policy, batch, chunk_size=config.logprob_chunk_size
+            )
+            out["behaviour_logp"] = jax.lax.stop_gradient(logp)
+        stats = batch_stats(batch, mask)
+        valid = batch["traj_index"] >= 0
+        if algorithm.advantage == "gae":
+            critic = nnx.merge(critic_graphdef, *critic_state)
+            values, _ = objectives.critic_values(critic, batch)
+            values = jnp.where(mask > 0, values, 0.0)
+            link = dict(
+                rewards=batch["rewards"],
+                values=values,
+                mask=mask,
+                traj_index=batch["traj_index"],
+                turn_index=batch["turn_index"],
+                gamma=config.gamma,
+            )
+            if config.policy_lam is None:
+                lam = adv_lib.adaptive_row_lambda(mask, batch["traj_index"], config.lam_alpha)
+            else:
+                lam = jnp.full(valid.shape, config.policy_lam, jnp.float32)
+            advantages, _ = adv_lib.linked_gae(**link, lam=lam)
+            _, returns = adv_lib.linked_gae(**link, lam=config.critic_lam)
+            if config.normalize_advantages:
+                advantages = adv_lib.whiten(advantages, mask)
+            out.update(values=values, returns=returns)
+            stats["policy_lambda"] = _row_mean(lam, valid)
+        else:
+            advantages, group_size = adv_lib.grouped_advantages(
+                batch["rewards"],
+                mask,
+                batch["traj_index"],
+                batch["group_id"],
+                normalize_std=config.group_normalize_std,
+            )
+            stats["group_size_mean"] = _row_mean(group_size, valid)
+        out["advantages"] = advantages
+        stats["advantage_mean"] = masked_token_mean(advantages, mask)
+        stats["advantage_abs_mean"] = masked_token_mean(jnp.abs(advantages), mask)
+        out["stats"] = stats
+        return out
+
+    def policy_update(params, frozen, opt_state, batch, advantages, behaviour_logp):
+        def loss_fn(p):
+            return objectives.policy_gradient_loss(
+                nnx.merge(policy_graphdef, p, frozen),
+                batch,
+                advantages,
+                behaviour_logp,
+                policy_loss,
+                entropy_coef=config.entropy_coef,
+                chunk_size=config.logprob_chunk_size,
+                **aux_weights,
+            )
+
+        return guarded_update(loss_fn, policy_optimizer, params, opt_state)
+
+    def logprobs(params, frozen, batch):
+        policy = nnx.merge(policy_graphdef, params, frozen)
+        return objectives.policy_logprobs(policy, batch, chunk_size=config.logprob_chunk_size)[0]
+
+    fns: dict[str, Any] = {}
+    policy_in = (sh.policy_params, sh.policy_frozen)
+    critic_in = (sh.critic_params, sh.critic_frozen) if algorithm.uses_critic else ()
+    fns["logprobs"] = place.jit(logprobs, (*policy_in, batch_sh), token_sh)
+    prepared_sh = None
+    if place.mesh is not None:
+        prepared_sh = {"behaviour_logp": token_sh, "advantages": token_sh, "stats": rep}
+        if algorithm.uses_critic:
+            prepared_sh.update(values=token_sh, returns=token_sh)
+    fns["prepare"] = place.jit(prepare, (*policy_in, *critic_in, batch_sh), prepared_sh)
+    fns["policy"] = place.jit(
+        policy_update,
+        (*policy_in, sh.policy_opt, batch_sh, token_sh, token_sh),
+        (sh.policy_params, sh.policy_opt, rep),
+        donate_argnums=(0, 2),
+    )
+    if algorithm.uses_critic:
+        critic_optimizer = make_optimizer(config.critic_optimizer)
+
+        def critic_update(params, frozen, opt_state, batch, returns, old_values):
+            def loss_fn(p):
+                return objectives.value_loss(
+                    nnx.merge(critic_graphdef, p, frozen),
+                    batch,
+                    returns,
+                    old_values,
+                    value_clip=config.value_clip,
+                    **aux_weights,
+                )
+
+            return guarded_update(loss_fn, critic_optimizer, params, opt_state)
+
+        fns["critic"] = place.jit(
+            critic_update,
+            (*critic_in, sh.critic_opt, batch_sh, token_sh, token_sh),
+            (sh.critic_params, sh.critic_opt, rep),
+            donate_argnums=(0, 2),
+        )
+    return fns
+
+
+def _row_mean(x: jax.Array, valid: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+
+
+def batch_stats(batch: Mapping[str, jax.Array], mask: jax.Array) -> dict[str, jax.Array]:
+    """Scalar facts about a batch: trajectories, rows, action tokens, mean return, success."""
+    valid = batch["traj_index"] >= 0
+    returns = adv_lib.trajectory_returns(batch["rewards"], batch["traj_index"])
+    same = batch["traj_index"][:, None] == batch["traj_index"][None, :]
+    earlier = jnp.tril(jnp.ones(same.shape, bool), k=-1)
+    first = valid & ~jnp.any(same & earlier, axis=-1)
+    num_traj = jnp.maximum(jnp.sum(first), 1)
+    return {
+        "trajectories": jnp.sum(first).astype(jnp.float32),
+        "rows": jnp.sum(valid).astype(jnp.float32),
+        "action_tokens": jnp.sum(mask),
+        "return_mean": jnp.sum(jnp.where(first, returns, 0.0)) / num_traj,
+        "success_rate": jnp.sum(first & (returns > 0)) / num_traj,
+    }

@@ -1,0 +1,128 @@
+"""Behaviour cloning (SFT) warm start: NLL of demonstrated action tokens, from ATDP batches.
+
+A tiny model starts from random weights and would never win an episode by chance; a few hundred
+steps of cloning the expert's replies give RL a policy that sometimes succeeds. Demonstrations
+are ordinary ATDP trajectories (written by the rollout package's demo collector) and arrive
+through the same loader as RL data. With a real pretrained checkpoint, skip this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from sao_jax.models import Transformer
+from sao_jax.sharding import LogicalRules
+from sao_jax.train import objectives
+from sao_jax.train.config import OptimizerConfig
+from sao_jax.train.partition import split_trainable
+from sao_jax.train.steps import BATCH_KEYS, Placement, guarded_update, make_optimizer
+
+
+class BehaviourCloner:
+    """SFT of a policy on action tokens with its own AdamW (discarded after the warm start).
+
+    Args:
+      policy: the model to train (its arrays are taken over; `policy_module()` gives it back).
+      optimizer: learning rate etc. of the cloning phase.
+      trainable: regexes of parameters that train (default: all).
+      load_balance_loss_weight, router_z_loss_weight: MoE aux loss weights.
+      mesh, rules: optional device mesh and logical-axis rules.
+    """
+
+    def __init__(
+        self,
+        policy: Transformer,
+        optimizer: OptimizerConfig,
+        *,
+        trainable: tuple[str, ...] = (".*",),
+        load_balance_loss_weight: float = 1e-3,
+        router_z_loss_weight: float = 1e-3,
+        chunk_size: int = 256,
+        mesh: jax.sharding.Mesh | None = None,
+        rules: LogicalRules | None = None,
+    ):
+        self.placement = Placement(mesh, rules)
+        self._optimizer = make_optimizer(optimizer)
+        self._graphdef, params, frozen = split_trainable(policy, trainable, name="policy")
+        self._param_sh = self.placement.params(params)
+        self._frozen_sh = self.placement.params(frozen)
+        self.params = self.placement.put(params, self._param_sh)
+        self._frozen = self.placement.put(frozen, self._frozen_sh)
+        self.opt_state = self.placement.init_optimizer(self._optimizer, self.params)
+        self._opt_sh = self.placement.like(self.opt_state)
+        self._weights = {
+            "load_balance_weight": load_balance_loss_weight,
+            "z_weight": router_z_loss_weight,
+        }
+        self._chunk_size = chunk_size
+        self._step_fns: dict[tuple, Any] = {}
+        self.steps = 0
+        self.skipped_steps = 0
+
+    def policy_module(self) -> Transformer:
+        """The cloned policy (its arrays; this cloner must not step afterwards)."""
+        return nnx.merge(self._graphdef, self.params, self._frozen)
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """One SFT step on a loader batch; returns host metrics (`nll`, `grad_norm`, ...)."""
+        missing = [k for k in BATCH_KEYS if k not in batch]
+        if missing:
+            raise ValueError(f"BehaviourCloner: batch lacks {missing}")
+        device_batch = self.placement.put_batch({k: np.asarray(batch[k]) for k in BATCH_KEYS})
+        shapes = {k: tuple(v.shape) for k, v in device_batch.items()}
+        key = tuple(sorted(shapes.items()))
+        if key not in self._step_fns:
+            self._step_fns[key] = self._build(shapes)
+        self.params, self.opt_state, metrics = self._step_fns[key](
+            self.params, self._frozen, self.opt_state, device_batch
+        )
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self.skipped_steps += int(metrics["skipped"])
+        self.steps += 1 - int(metrics["skipped"])
+        return metrics
+
+    def run(self, batches: Iterator[Mapping[str, np.ndarray]], num_steps: int, callback=None):
+        """`num_steps` steps over `batches`; `callback(step, metrics)` after each. Returns the
+        last metrics. Raises ValueError when the batches run out first."""
+        metrics: dict[str, float] = {}
+        for index in range(num_steps):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise ValueError(
+                    f"behaviour cloning ran out of demonstration batches after {index} of "
+                    f"{num_steps} steps; read them with num_epochs=None"
+                ) from None
+            metrics = self.step(batch)
+            if callback is not None:
+                callback(index + 1, metrics)
+        return metrics
+
+    def _build(self, shapes: dict[str, tuple[int, ...]]):
+        graphdef, optimizer, weights, chunk = (
+            self._graphdef,
+            self._optimizer,
+            self._weights,
+            self._chunk_size,
+        )
+
+        def update(params, frozen, opt_state, batch):
+            def loss_fn(p):
+                return objectives.behaviour_cloning_loss(
+                    nnx.merge(graphdef, p, frozen), batch, chunk_size=chunk, **weights
+                )
+
+            return guarded_update(loss_fn, optimizer, params, opt_state)
+
+        place = self.placement
+        return place.jit(
+            update,
+            (self._param_sh, self._frozen_sh, self._opt_sh, place.batch(shapes)),
+            (self._param_sh, self._opt_sh, place.replicated()),
+            donate_argnums=(0, 2),
+        )
