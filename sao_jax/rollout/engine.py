@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import queue
 import threading
 import time
 import uuid
@@ -33,6 +32,7 @@ from atdp_io import PartitionWriter
 from sao_jax.models import Transformer
 from sao_jax.rollout.agent_loop import AgentLoop, EnvConfig, RolloutConfig
 from sao_jax.rollout.episode import Episode
+from sao_jax.rollout.guard import guarded
 from sao_jax.rollout.sampler import Sampler
 from sao_jax.rollout.stats import RolloutStats
 from sao_jax.rollout.weights import WeightPublisher, WeightSnapshot
@@ -247,37 +247,9 @@ class RolloutEngine:
 
     def guard(self, iterator: Iterator, poll_s: float = 0.2) -> Iterator:
         """Yield from `iterator` (e.g. `iter(loader.stream())`), raising a worker's exception
-        instead of waiting forever. `next()` runs in a helper thread only while the caller
-        waits, so checkpointing the iterator between items is safe."""
-        results: queue.Queue = queue.Queue(maxsize=1)
-        requests: queue.Queue = queue.Queue()
-
-        def pump() -> None:
-            while requests.get():
-                try:
-                    results.put((True, next(iterator)))
-                except BaseException as e:  # StopIteration included
-                    results.put((False, e))
-                    return
-
-        helper = threading.Thread(target=pump, name="guarded-iterator", daemon=True)
-        helper.start()
-        try:
-            while True:
-                requests.put(True)
-                while True:
-                    try:
-                        ok, value = results.get(timeout=poll_s)
-                        break
-                    except queue.Empty:
-                        self.raise_if_failed()
-                if not ok:
-                    if isinstance(value, StopIteration):
-                        return
-                    raise value
-                yield value
-        finally:
-            requests.put(False)
+        (`WorkerError`) instead of waiting forever for data that will not come. See
+        `sao_jax.rollout.guard.guarded`."""
+        return guarded(iterator, self.raise_if_failed, poll_s=poll_s)
 
     # -------------------------------------------------------------------------- workers
     def _run_worker(

@@ -15,8 +15,8 @@ class RolloutStats:
 
     `snapshot()` returns plain numbers: episodes, won, success_rate, env_steps, llm_calls,
     generated_tokens, prompt_tokens, invalid_replies, invalid_reply_rate, avg_steps,
-    truncated_context, truncated_step_limit, every counter given to `add` (dropped_stale,
-    weight_syncs, rollout_seconds, ...), and `by_task_type` = {task type: {episodes, won,
+    truncated_context, truncated_step_limit, dropped_stale, weight_syncs, rollout_seconds
+    (0 until counted), every other counter given to `add`, and `by_task_type` = {task type: {episodes, won,
     success_rate}}.
     """
 
@@ -63,8 +63,11 @@ class RolloutStats:
             "invalid_replies",
             "truncated_context",
             "truncated_step_limit",
+            "dropped_stale",
+            "weight_syncs",
         ):
             counts.setdefault(key, 0)
+        counts.setdefault("rollout_seconds", 0.0)
         counts["success_rate"] = counts["won"] / episodes if episodes else 0.0
         counts["avg_steps"] = steps / episodes if episodes else 0.0
         counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
