@@ -1,0 +1,80 @@
+"""Expert demonstrations: the policy's reply format in the policy's token layout, marked as
+demos, won, and laid out by the loader into rows whose action tokens decode to the expert's
+commands with the win reward on the last one."""
+
+import numpy as np
+import pytest
+from rollout_testlib import env_config, open_store, read_batches, rollout_config, tokenizer
+
+from sao_jax.envs.alfworld import AlfworldEnv, parse_reply
+from sao_jax.rollout import collect_expert_demos
+
+TENANT = "alfworld-demos"
+
+
+def collect(tmp_path, num_episodes=4, **rollout):
+    store = open_store(tmp_path / "demos")
+    with store.writer(TENANT) as writer:
+        stats = collect_expert_demos(
+            writer,
+            tokenizer(),
+            num_episodes=num_episodes,
+            rollout=rollout_config(**rollout),
+            env=env_config(max_steps=50),
+        )
+    reader = store.reader(TENANT, principal=TENANT)
+    reader.refresh()
+    return store, stats, [reader.read(i) for i in reader.trajectory_ids()]
+
+
+@pytest.mark.parametrize("layout", ["windowed", "concat"])
+def test_demo_rows_decode_to_the_expert_commands(tmp_path, layout):
+    store, stats, trajectories = collect(tmp_path, layout=layout)
+    assert stats["episodes"] == 4 and stats["success_rate"] == 1.0
+    assert stats["invalid_replies"] == 0
+    tok = tokenizer()
+    (batch,), loader = read_batches(store, TENANT, layout)
+    assert loader.stats.snapshot().get("concat_fallbacks", 0) == 0
+    for k, trajectory in enumerate(trajectories):
+        assert trajectory.header.task["source"] == "expert_demo"
+        assert trajectory.outcome.success is True
+        commands = [e.action.text for e in trajectory.events if e.kind == "env_step"]
+        rows = np.flatnonzero(batch["traj_index"] == k)
+        assert len(rows) == (len(commands) if layout == "windowed" else 1)
+        replies = []
+        for r in rows:
+            mask = batch["loss_mask"][r] > 0
+            assert not batch["rollout_logp"][r].any()  # no policy log-probs: zeros
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+            for start, end in zip(edges[::2], edges[1::2], strict=True):
+                replies.append(tok.decode(batch["tokens"][r, start:end]))
+        assert replies == [f"<action>{c}</action><|im_end|>" for c in commands]
+        for reply, command in zip(replies, commands, strict=True):
+            assert parse_reply(reply, think=False).action == command
+        last = rows[-1]
+        end = np.flatnonzero(batch["loss_mask"][last])[-1]
+        assert batch["rewards"][last, end] == 10.0 and batch["rewards"].sum() > 0
+        for _, event in trajectory.llm_events():
+            assert event.llm.decoding.extra["logprobs"] == "absent"
+            assert event.llm.model_id == "alfworld-expert"
+        # The recorded commands win the recorded game.
+        env = AlfworldEnv("train", size="small")
+        env.reset(trajectory.header.task["index"])
+        assert [env.step(c)[2] for c in commands][-1] and env.engine.won
+    assert np.isclose(batch["rewards"].sum(), 10.0 * len(trajectories))
+
+
+def test_think_demos_parse_as_valid_think_replies(tmp_path):
+    _, stats, trajectories = collect(tmp_path, num_episodes=1, think=True)
+    assert stats["won"] == 1
+    for _, event in trajectories[0].llm_events():
+        reply = tokenizer().decode(event.llm.output_ids, skip_special_tokens=True)
+        parsed = parse_reply(reply, think=True)
+        assert parsed.valid and parsed.action == event.action.text
+
+
+def test_bad_arguments_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="num_episodes"):
+        collect(tmp_path, num_episodes=0)
+    with pytest.raises(ValueError, match="max_new_tokens=4"):
+        collect(tmp_path, max_new_tokens=4)
