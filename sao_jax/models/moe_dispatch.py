@@ -7,7 +7,8 @@ the `expert` mesh axis) only has to `register_dispatch` itself.
 Both built-in implementations sort the N*K (token, expert) assignments by expert, so their
 cost grows with top-k, not with the number of experts:
 - "sorted_capacity": each expert gets a fixed buffer of C rows and one grouped einsum runs over
-  [E, C, D]; assignments past an expert's capacity are dropped (reported). Fast on CPU.
+  [E, C, D]; assignments past an expert's capacity are dropped (reported). Fast on CPU. With
+  capacity_factor <= 0 it is dropless: balanced buffers plus a second pass over the overflow.
 - "ragged_dot": dropless; `jax.lax.ragged_dot` over the sorted rows (GPU/TPU kernels; on CPU
   XLA densifies it, so it costs as much as running every expert).
 Shapes: N tokens, K top-k, E experts, D d_model, F expert hidden width, A = N*K assignments.
@@ -200,9 +201,10 @@ def sorted_capacity(
     k = routing.expert_index.shape[1]
     e = weights.num_experts
     dropless = capacity_factor <= 0
-    c = expert_capacity(n, k, e, capacity_factor)
-    if dropless:  # balanced share; >= 2 so decode steps rarely need the second pass
+    if dropless:  # the balanced share; >= 2 so decode steps rarely need the second pass
         c = min(n, max(2, math.ceil(n * k / e)))
+    else:
+        c = expert_capacity(n, k, e, capacity_factor)
     order, sorted_expert, rank, counts = _sort_by_expert(routing, e)
     keep = (rank < c) & (sorted_expert < e)
     slot = jnp.where(keep, sorted_expert * c + rank, e * c)  # e * c: nowhere (dropped)

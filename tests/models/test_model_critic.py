@@ -20,6 +20,7 @@ CONFIG = get_model_config(
     head_dim=8,
     num_experts=4,
     moe_intermediate_size=16,
+    num_layers=1,
     initializer_range=0.2,
     capacity_factor=0.0,
 )
@@ -84,5 +85,5 @@ def test_attention_parameters_are_selectable_by_path_pattern(policy):
     per_layer = {"q_proj/kernel", "k_proj/kernel", "v_proj/kernel", "o_proj/kernel"}
     per_layer |= {"q_norm/scale", "k_norm/scale"}
     assert len(frozen) == CONFIG.num_layers * len(per_layer)
-    assert "layers/1/moe/experts/gate_proj" in paths
+    assert "layers/0/moe/experts/gate_proj" in paths
     assert "value_head/kernel" in paths

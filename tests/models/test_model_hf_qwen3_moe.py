@@ -20,7 +20,7 @@ HF_CONFIG = dict(
     hidden_size=64,
     intermediate_size=96,
     moe_intermediate_size=32,
-    num_hidden_layers=3,
+    num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
@@ -122,11 +122,11 @@ def test_missing_or_wrong_files_and_keys_raise_clear_errors(hf_dir, tmp_path):
         load_hf_qwen3_moe(tmp_path / "no_weights")
 
     missing = dict(tensors)
-    del missing["model.layers.2.self_attn.k_norm.weight"]
+    del missing["model.layers.1.self_attn.k_norm.weight"]
     write_safetensors_dir(tmp_path / "missing", missing)
     shutil.copy(path / "config.json", tmp_path / "missing" / "config.json")
     with pytest.raises(
-        CheckpointError, match=r"'model.layers.2.self_attn.k_norm.weight' not found"
+        CheckpointError, match=r"'model.layers.1.self_attn.k_norm.weight' not found"
     ):
         load_hf_qwen3_moe(tmp_path / "missing")
 

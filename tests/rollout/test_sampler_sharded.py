@@ -16,6 +16,7 @@ CONFIG = get_model_config(
     head_dim=8,
     num_experts=4,
     moe_intermediate_size=16,
+    num_layers=1,
     initializer_range=0.3,
 )
 
