@@ -6,9 +6,13 @@ dispatch, while the other slots keep decoding. Nothing waits for the slowest rep
 batch. `refill="lockstep"` instead prefills only once every slot has finished its reply
 (classic batched turns), for comparison.
 
+In the concat layout a slot keeps its KV cache across turns: the next turn encodes only the
+ids appended since the last reply (`Sampler.extend`), unless the cache was built (even in
+part) by older weights, in which case the whole input is encoded again.
+
 Weights may change between dispatches (`before_dispatch`, where the async engine syncs): each
 sampled token records the version that produced it, so a reply interrupted by a weight update
-carries both versions (AReaL's interruptible generation, without discarding the cache).
+carries both versions (AReaL's interruptible generation, keeping the reply's cache).
 """
 
 from __future__ import annotations
@@ -154,6 +158,8 @@ class _Slot:
     out_versions: list[int] = dataclasses.field(default_factory=list)
     seed: int = 0
     turn_started: float = 0.0
+    continuation: list[int] | None = None  # concat: ids appended since the last turn
+    cache_version: int | None = None  # the weights version that built the slot's whole cache
 
 
 class AgentLoop:
@@ -327,27 +333,38 @@ class AgentLoop:
         return zlib.crc32(key.encode())
 
     def _prefill(self, slots, ready, generating, before_dispatch) -> list[int]:
+        """Start the turn of every ready slot: a concat turn whose slot cache is intact
+        appends only its new tokens (`Sampler.extend`); anything else encodes its whole input."""
         if before_dispatch is not None:
             before_dispatch()
         version = self.sampler.policy_version
-        sampling = []
+        extend, full = [], []
         for b in ready:
             slot = slots[b]
+            # The cached prefix must come from the current weights, or the turn's log-probs
+            # would mix versions (a full prefill re-encodes it under the new ones).
+            reusable = slot.continuation is not None and slot.cache_version == version
+            (extend if reusable else full).append(b)
             slot.seed, slot.turn_started = self._call_seed(slot), time.time()
             slot.out_ids, slot.out_logp, slot.out_versions = [], [], []
-            sampling.append(self.config.sampling(self.stop_ids, slot.seed))
-        prompts = [slots[b].input_ids for b in ready]
-        self._state, first, logp, done = self.sampler.prefill(self._state, prompts, ready, sampling)
+            slot.cache_version = version
         finished = []
-        for i, b in enumerate(ready):
-            slot = slots[b]
-            slot.out_ids.append(int(first[i]))
-            slot.out_logp.append(float(logp[i]))
-            slot.out_versions.append(version)
-            if done[i]:
-                finished.append(b)
-            else:
-                generating.add(b)
+        for group, extending in ((full, False), (extend, True)):
+            if not group:
+                continue
+            load = self.sampler.extend if extending else self.sampler.prefill
+            tokens = [slots[b].continuation if extending else slots[b].input_ids for b in group]
+            sampling = [self.config.sampling(self.stop_ids, slots[b].seed) for b in group]
+            self._state, first, logp, done = load(self._state, tokens, group, sampling)
+            for i, b in enumerate(group):
+                slot = slots[b]
+                slot.out_ids.append(int(first[i]))
+                slot.out_logp.append(float(logp[i]))
+                slot.out_versions.append(version)
+                if done[i]:
+                    finished.append(b)
+                else:
+                    generating.add(b)
         return finished
 
     def _decode(self, slots, generating, before_dispatch) -> list[int]:
@@ -364,6 +381,8 @@ class AgentLoop:
             slot.out_ids += tokens[b, :n].tolist()
             slot.out_logp += logp[b, :n].tolist()
             slot.out_versions += [version] * n
+            if n and version != slot.cache_version:
+                slot.cache_version = None  # the cache now mixes weight versions
             if not active[b]:
                 finished.append(b)
         generating.difference_update(finished)
@@ -413,6 +432,8 @@ class AgentLoop:
         )
         if len(next_ids) + config.max_new_tokens - 1 > config.max_context_tokens:
             return self._episode(slot, "context")
+        if config.layout == "concat":
+            slot.continuation = next_ids[len(slot.input_ids) + len(slot.out_ids) :]
         slot.input_ids, slot.observation, slot.info = next_ids, observation, info
         return None
 

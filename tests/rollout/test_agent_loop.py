@@ -88,11 +88,21 @@ def test_windowed_prompts_are_the_harness_prompts():
         assert turn.command == (info["reply"].action if info["reply"].valid else "")
 
 
-def test_concat_prefix_property_single_row_and_truncation(tmp_path):
-    """Concat inputs extend the previous input + output by appended ids; the loader merges
-    each episode into one row; an episode that would overflow the context ends truncated."""
+def test_concat_prefix_property_single_row_and_truncation(tmp_path, monkeypatch):
+    """Concat inputs extend the previous input + output by appended ids (the slot's cache is
+    kept: only new ids are encoded); the loader merges each episode into one row; an episode
+    that would overflow the context ends truncated."""
+    extended = []
+    extend = sampler().extend
+
+    def counting_extend(state, continuations, slots, sampling):
+        extended.extend(len(c) for c in continuations)
+        return extend(state, continuations, slots, sampling)
+
+    monkeypatch.setattr(sampler(), "extend", counting_extend)
     config = rollout_config(layout="concat")
     episodes, _ = play(config, env=env_config(max_steps=40))
+    assert len(extended) == sum(e.steps - 1 for e in episodes) and max(extended) < 200
     tok = tokenizer()
     for episode in episodes:
         for prev, turn in zip(episode.turns, episode.turns[1:], strict=False):
@@ -170,7 +180,9 @@ def test_versions_are_stamped_per_token_across_a_mid_run_update(tmp_path):
                 publisher.publish(new_weights, 1)
             sync_sampler(own, publisher)
 
-        loop = AgentLoop(own, tokenizer(), env_config().make_envs(NUM_ENVS), rollout_config())
+        # concat: a slot's cached prefix from the old weights must not be reused
+        config = rollout_config(layout="concat")
+        loop = AgentLoop(own, tokenizer(), env_config().make_envs(NUM_ENVS), config)
         plays = loop.play(max_episodes=4, before_dispatch=before_dispatch)
         episodes = [e for g in plays for e in g]
         assert own.policy_version == 1 and dispatches.count(0) == 6
@@ -188,7 +200,7 @@ def test_versions_are_stamped_per_token_across_a_mid_run_update(tmp_path):
     logp = forward_logprobs(row, np.ones_like(row), new_weights)[0, turn.input_ids.shape[0] :]
     np.testing.assert_allclose(turn.output_logprobs, logp, atol=2e-4)
     store = write(tmp_path, episodes)
-    (batch,), _ = read_batches(store, "alfworld", "windowed")
+    (batch,), _ = read_batches(store, "alfworld", "concat")
     assert set(np.unique(batch["versions"][batch["loss_mask"] > 0])) == {0, 1}
 
 
