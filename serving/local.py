@@ -137,7 +137,10 @@ class LocalServer:
 def create_local_server(config: LocalServerConfig, *, worker: Worker | None = None) -> LocalServer:
     """Build the one-process server; the worker starts with the app and stops with it."""
     registry = new_registry()
-    worker = worker or Worker.from_config(config.worker_config(), registry)
+    if worker is None:
+        worker = Worker.from_config(config.worker_config(), registry)
+    else:  # a worker built beforehand: its metrics join this server's /metrics
+        registry.register(worker.metrics.registry)
     worker_client = LocalWorkerClient(worker, name=LOCAL_WORKER)
     router = Router(
         RouterConfig(), [LOCAL_PROXY], {LOCAL_WORKER: worker_client}, RouterMetrics(registry)

@@ -64,6 +64,7 @@ _COMPLETION_FIELDS = {
     "logit_bias",
 }
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+_NO_LIMIT = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +154,8 @@ def _integer(body: Mapping, name: str, default: int | None, low: int, high: int)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{name}' must be an integer, got {_type_name(value)}", param=name)
     if not low <= value <= high:
-        raise bad_request(f"'{name}' must be in [{low}, {high}], got {value}", param=name)
+        bound = f">= {low}" if high >= _NO_LIMIT else f"in [{low}, {high}]"
+        raise bad_request(f"'{name}' must be {bound}, got {value}", param=name)
     return value
 
 
@@ -232,11 +234,11 @@ def _sampling(body: Mapping, max_tokens_field: str | None = None) -> dict[str, A
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p <= 0.0:
         raise bad_request("'top_p' must be in (0, 1]; use temperature=0 for greedy", param="top_p")
-    max_tokens = _integer(body, "max_tokens", None, 1, 1 << 30)
+    max_tokens = _integer(body, "max_tokens", None, 1, _NO_LIMIT)
     if max_tokens_field is not None:
-        newer = _integer(body, max_tokens_field, None, 1, 1 << 30)
+        newer = _integer(body, max_tokens_field, None, 1, _NO_LIMIT)
         max_tokens = newer if newer is not None else max_tokens
-    top_k = _integer(body, "top_k", 0, -1, 1 << 30)
+    top_k = _integer(body, "top_k", 0, -1, _NO_LIMIT)
     return dict(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=top_p,

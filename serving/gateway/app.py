@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from serving.common.errors import ApiError, bad_request, read_json_object
 from serving.common.http import new_app
+from serving.common.ids import session_of
 from serving.common.metrics import metrics_handler
 from serving.common.openai_requests import parse_chat_request, parse_completion_request
 from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
@@ -176,15 +177,14 @@ async def set_reward(request: web.Request) -> web.Response:
     interaction_id = _optional(body, "interaction_id", str)
     session_id = _optional(body, "session_id", str)
     if interaction_id is not None:
-        # Interaction ids are "<prefix>-<session id>-<suffix>": the session is implied.
-        parts = interaction_id.split("-")
-        if len(parts) != 3 or not parts[1]:
+        implied = session_of(interaction_id)  # our ids name their session
+        if implied is None:
             raise ApiError(
                 404, f"unknown interaction id {interaction_id!r}", param="interaction_id"
             )
-        if session_id is not None and session_id != parts[1]:
+        if session_id is not None and session_id != implied:
             raise bad_request("'interaction_id' belongs to another session", param="interaction_id")
-        session_id = parts[1]
+        session_id = implied
     record = owned_session(principal, gateway.sessions, session_id)
     source = _optional(body, "source", str) or "user"
     result = await gateway.set_reward(record, float(reward), interaction_id, source)

@@ -7,7 +7,6 @@ routed call on the session's data proxy, and fans admin operations out to every 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from serving.common.errors import ApiError
+from serving.common.ids import opaque_id
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.gateway.auth import Principal
@@ -123,7 +123,7 @@ class Gateway:
             route = await self.router.route(record.session_id, proxy=record.proxy)
             return CallContext(record.session_id, record.tenant, route), False
         if principal.kind == "tenant":
-            session_id = secrets.token_hex(16)
+            session_id = opaque_id()
             route = await self.router.route(session_id)
             governance = principal.tenant.governance_at(time.time())
             call = CallContext(session_id, principal.tenant.name, route, True, governance)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.common.http import key_digest
+from serving.common.ids import opaque_id
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class SessionTable:
 
     def create(self, tenant: str, proxy: str, task: dict[str, Any]) -> tuple[SessionRecord, str]:
         """A new session and its key (the only time the key itself is seen)."""
-        session_id = secrets.token_hex(16)
+        session_id = opaque_id()
         key = SESSION_KEY_PREFIX + secrets.token_urlsafe(32)
         record = SessionRecord(session_id, tenant, key_digest(key), proxy, time.time(), dict(task))
         return record, key

@@ -10,7 +10,6 @@ durable append (`recorder.py`); only then is the response, or a stream's final c
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from atdp_io import AtdpStore, Envelope, Outcome, Redactor
 from sao_jax.tokenizers import Tokenizer
+from serving.common import ids
 from serving.common.errors import ApiError, bad_request
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
@@ -215,7 +215,7 @@ class DataProxy:
         started = time.monotonic()
         input_ids, tools = self._render_chat(request)
         generation, decoding = self._plan(input_ids, request, {"tool_choice": request.tool_choice})
-        interaction_id = f"chatcmpl-{call.session_id}-{secrets.token_hex(6)}"
+        interaction_id = ids.interaction_id("chatcmpl", call.session_id)
         record = CallRecord(
             "chat", interaction_id, started, input_ids, decoding, request.messages, tools
         )
@@ -307,7 +307,7 @@ class DataProxy:
         started = time.monotonic()
         input_ids = self._prompt_ids(request)
         generation, decoding = self._plan(input_ids, request, {})
-        interaction_id = f"cmpl-{call.session_id}-{secrets.token_hex(6)}"
+        interaction_id = ids.interaction_id("cmpl", call.session_id)
         record = CallRecord("completions", interaction_id, started, input_ids, decoding)
         collected, chunks = await self.runner.start(call, generation)
         if request.stream:

@@ -10,12 +10,12 @@ streaming, text is forwarded until a `<tool_call>` tag starts; the rest is parse
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
 from sao_jax.tokenizers import Tokenizer, parse_tool_calls
 from sao_jax.tokenizers.tool_calls import TOOL_CALL_OPEN
+from serving.common.ids import opaque_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ def parse_reply(text: str, finish_reason: str, tools_enabled: bool) -> Reply:
     parsed = parse_tool_calls(text)
     if not parsed.tool_calls:
         return Reply(text, [], finish_reason, parsed.errors)
-    calls = [c.to_openai(f"call_{secrets.token_hex(12)}") for c in parsed.tool_calls]
+    calls = [c.to_openai(opaque_id("call_", 24)) for c in parsed.tool_calls]
     reason = "tool_calls" if finish_reason == "stop" else finish_reason
     return Reply(parsed.content or None, calls, reason, parsed.errors)
 

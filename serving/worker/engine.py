@@ -85,7 +85,9 @@ class GenerationEngine:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        """Start (or restart after `stop`) the engine thread."""
         if self._thread is None:
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
             self._thread.start()
 

@@ -2,6 +2,7 @@
 
 This is also the learner's in-process entry point for new weights:
 
+    worker.follow(publisher)        # every WeightPublisher.publish(params, v) is swapped in
     future = worker.engine.update_weights(nnx.state(policy), version)   # from any thread
     await worker.update_weights(nnx.state(policy), version)             # from the event loop
 
@@ -12,12 +13,15 @@ Over HTTP the same swap is `POST /admin/update_weights {"version": v, "path": CK
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from sao_jax.rollout import Sampler
+from sao_jax.rollout.weights import WeightPublisher, WeightSnapshot
 from serving.common.errors import ApiError, bad_request
 from serving.common.model_source import (
     ServedModel,
@@ -38,15 +42,22 @@ class Worker:
     """Owns the model, the sampler and the engine thread (`start` / `stop`)."""
 
     def __init__(
-        self, config: WorkerConfig, served: ServedModel, registry: CollectorRegistry | None = None
+        self,
+        config: WorkerConfig,
+        served: ServedModel,
+        registry: CollectorRegistry | None = None,
+        *,
+        sampler: Sampler | None = None,
     ):
+        """`sampler`: share one sampler (its compiled kernels and weights) between several
+        workers in one process; default: a new one over `served.model`."""
         model_config = served.model.config
         context = config.context_length or min(model_config.max_seq_len, DEFAULT_MAX_CONTEXT)
         self.config = dataclasses.replace(config, context_length=context)
         self.served = served
         self.tokenizer = served.tokenizer
         self.model_id = served.model_id
-        self.sampler = Sampler(
+        self.sampler = sampler or Sampler(
             served.model, policy_version=served.policy_version, pad_id=self.tokenizer.pad_id
         )
         self.metrics = WorkerMetrics(registry)
@@ -94,6 +105,22 @@ class Worker:
             "pad_token": token(self.tokenizer.pad_id),
             "bos_token": None if self.tokenizer.bos_id is None else token(self.tokenizer.bos_id),
         }
+
+    def follow(self, publisher: WeightPublisher) -> Callable[[], None]:
+        """Swap in every snapshot the learner publishes (and the latest one now, if newer).
+
+        The swap happens between two decode dispatches; requests in flight continue, their
+        later tokens stamped with the new version. Returns an unsubscribe function.
+        """
+
+        def on_publish(snapshot: WeightSnapshot) -> concurrent.futures.Future:
+            return self.engine.update_weights(snapshot.params, snapshot.version)
+
+        unsubscribe = publisher.subscribe(on_publish)
+        latest = publisher.latest()
+        if latest is not None and latest.version > self.sampler.policy_version:
+            on_publish(latest)
+        return unsubscribe
 
     async def update_weights(self, params: Any, version: int) -> int:
         """Swap in new weights between two decode dispatches; resolves once they are live."""

@@ -1,0 +1,162 @@
+"""Test helpers: servers on loopback ports in background threads, a small model trained to
+call a tool, raw HTTP calls and ATDP reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import optax
+from aiohttp import web
+from flax import nnx
+
+from atdp_io import AtdpStore
+from sao_jax.models import get_model_config, init_model
+from sao_jax.models.steps import make_lm_train_step
+from serving.common.model_source import ServedModel
+from serving.common.tiny_tokenizer import build_tiny_tokenizer
+from serving.local import LocalServerConfig, create_local_server
+from serving.worker.config import WorkerConfig
+from serving.worker.service import Worker
+
+
+class ServerThread:
+    """Serves `app` on 127.0.0.1 (a free port) from its own event loop thread."""
+
+    def __init__(self, app: web.Application, port: int = 0):
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(port,), daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=300)
+        if self._error is not None:
+            raise self._error
+        if not self._ready.is_set():
+            raise TimeoutError("server did not start")
+
+    def _run(self, port: int) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.runner = web.AppRunner(self.app, access_log=None)
+        try:
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", port)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+        except BaseException as error:
+            self._error = error
+            self._ready.set()
+            return
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+
+    def call(self, coroutine, timeout: float = 120):
+        """Run a coroutine on the server's loop (e.g. to touch the parts) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=60)
+
+
+# --------------------------------------------------------------------------- shared model
+
+ADMIN_KEY = "admin-test-key-0123456789"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOL_REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@functools.cache
+def tool_model() -> ServedModel:
+    """A small MoE transformer (tiny tokenizer) trained until greedy decoding answers
+    TOOL_MESSAGES (with WEATHER_TOOL) by calling get_weather: a real model whose output is a
+    tool call, so the whole tool path runs end to end."""
+    tokenizer = build_tiny_tokenizer()
+    config = get_model_config(
+        "tiny",
+        vocab_size=tokenizer.vocab_size,
+        d_model=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_token=2,
+        moe_intermediate_size=64,
+        dense_intermediate_size=128,
+        max_seq_len=1024,
+        capacity_factor=0.0,  # dropless, as the sampler runs it
+    )
+    model = init_model(config, seed=0)
+    prompt = tokenizer.encode_chat(TOOL_MESSAGES, tools=[WEATHER_TOOL])
+    sequence = prompt + tokenizer.encode(TOOL_REPLY) + [tokenizer.eos_id]
+    tokens = np.zeros((1, 256), np.int32)
+    tokens[0, : len(sequence)] = sequence
+    mask = np.zeros_like(tokens)
+    mask[0, len(prompt) - 1 : len(sequence) - 1] = 1
+    (params, opt_state), step = make_lm_train_step(model, optax.adam(1e-2))
+    for _ in range(400):
+        params, opt_state, metrics = step(params, opt_state, tokens, mask)
+        if float(metrics["nll"]) < 0.005:
+            break
+    nnx.update(model, params)
+    return ServedModel(model, tokenizer, "sao-test", 0)
+
+
+@functools.cache
+def shared_worker() -> Worker:
+    """One worker (and its compiled kernels) shared by every in-process server test."""
+    config = WorkerConfig(num_slots=16, context_length=512, decode_steps=8)
+    return Worker(config, tool_model())
+
+
+@contextlib.contextmanager
+def local_server(buffer: Path, worker: Worker | None = None, **overrides):
+    """The one-process server (gateway, router, proxy, worker) on a loopback port."""
+    config = LocalServerConfig(buffer=str(buffer), admin_key=ADMIN_KEY, **overrides)
+    server = create_local_server(config, worker=worker or shared_worker())
+    thread = ServerThread(server.app)
+    try:
+        yield thread, server
+    finally:
+        thread.stop()
+
+
+def api(url: str, path: str, body: dict | None = None, key: str | None = ADMIN_KEY, method="POST"):
+    """(status, JSON body) of one raw HTTP call (for the non-OpenAI endpoints)."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=120) as client:
+        response = client.request(method, url + path, json=body, headers=headers)
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, response.text
+
+
+def read_trajectories(buffer: Path, tenant: str) -> dict:
+    """Every trajectory (open ones too) of `tenant` in the store at `buffer`, by id."""
+    reader = AtdpStore.open(str(buffer), create=False).reader(tenant, principal=tenant)
+    reader.refresh()
+    return {t: reader.read(t) for t in reader.trajectory_ids(closed_only=False)}

@@ -1,0 +1,255 @@
+"""The worker's continuous-batching engine: batch-invariant outputs with exact log-probs, hot
+weight swaps without dropped requests, pause / continue, staleness 429s, cancellation, stop
+strings, top log-probs."""
+
+import asyncio
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from serving_harness import TOOL_MESSAGES, TOOL_REPLY, WEATHER_TOOL, tool_model
+
+from sao_jax.models import init_model
+from sao_jax.rollout import Sampler
+from serving.common.errors import ApiError
+from serving.worker.config import WorkerConfig
+from serving.worker.generation import Finished, GenerationRequest, TokenChunk
+from serving.worker.service import Worker
+
+CONFIG = WorkerConfig(num_slots=4, context_length=512, decode_steps=4, max_prefill_batch=4)
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    served = tool_model()
+    return Sampler(served.model, pad_id=served.tokenizer.pad_id)
+
+
+@pytest.fixture
+def make_worker(sampler):
+    """Workers sharing the module's sampler (compiled once); weights restored afterwards."""
+    workers, original = [], (sampler.params, sampler.policy_version)
+
+    def make(**overrides) -> Worker:
+        worker = Worker(dataclasses.replace(CONFIG, **overrides), tool_model(), sampler=sampler)
+        worker.start()
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.stop()
+    sampler.update_weights(*original)
+
+
+@pytest.fixture(scope="module")
+def full_logprobs(sampler):
+    """Teacher-forced log-probs [T, V] of a whole sequence under given params (the reference
+    the recorded log-probs must equal)."""
+
+    @jax.jit
+    def run(params, tokens):
+        return jax.nn.log_softmax(nnx.merge(sampler.graphdef, params)(tokens), axis=-1)
+
+    def logprobs(params, sequence):
+        tokens = np.zeros((1, 512), np.int32)
+        tokens[0, : len(sequence)] = sequence
+        return np.asarray(run(params, tokens))[0]
+
+    return logprobs
+
+
+async def collect(worker: Worker, request: GenerationRequest):
+    chunks, finished = [], None
+    async for event in worker.submit(request).events():
+        if isinstance(event, Finished):
+            finished = event
+        else:
+            chunks.append(event)
+    ids = [t for c in chunks for t in c.token_ids]
+    logprobs = [lp for c in chunks for lp in c.logprobs]
+    versions = [v for c in chunks for v in c.versions]
+    return ids, logprobs, versions, "".join(c.text for c in chunks), finished, chunks
+
+
+def prompts():
+    tok = tool_model().tokenizer
+    texts = ["hi", "go to the cabinet", "What is the weather?", "x", "open the fridge 2", "ok"]
+    return [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
+
+
+def test_concurrent_outputs_equal_solo_outputs_with_exact_logprobs(
+    make_worker, sampler, full_logprobs
+):
+    worker = make_worker()
+
+    def request(i, prompt):
+        return GenerationRequest(
+            tuple(prompt), max_tokens=12 + 5 * i, seed=100 + i, top_k=50 * (i % 2)
+        )
+
+    async def together():
+        first = [
+            asyncio.create_task(collect(worker, request(i, p))) for i, p in enumerate(prompts()[:3])
+        ]
+        await asyncio.sleep(
+            0.05
+        )  # the rest arrive while the first ones decode (4 slots, 6 requests)
+        rest = [collect(worker, request(i + 3, p)) for i, p in enumerate(prompts()[3:])]
+        return await asyncio.gather(*first, *rest)
+
+    batched = asyncio.run(together())
+    for i, prompt in enumerate(prompts()):
+        alone = asyncio.run(collect(worker, request(i, prompt)))
+        ids, logprobs, versions, text, finished, _ = batched[i]
+        assert ids == alone[0] and np.allclose(logprobs, alone[1], atol=1e-5)
+        assert finished.finish_reason in ("stop", "length") and finished.completion_tokens == len(
+            ids
+        )
+        assert text == finished.text and set(versions) == {0}
+        reference = full_logprobs(sampler.params, prompt + ids)
+        expected = [reference[len(prompt) + j - 1, t] for j, t in enumerate(ids)]
+        np.testing.assert_allclose(logprobs, expected, atol=2e-4)
+    assert worker.engine.status()["running"] == 0
+
+
+def test_weight_swap_mid_generation_drops_nothing_and_stamps_versions(
+    make_worker, sampler, full_logprobs
+):
+    worker = make_worker()
+    old = sampler.params
+    new = nnx.state(init_model(sampler.config, seed=7))
+    prompt = prompts()[1]
+    request = GenerationRequest(tuple(prompt), max_tokens=160, seed=5, stop_token_ids=())
+
+    async def run():
+        neighbour = asyncio.create_task(collect(worker, dataclasses.replace(request, seed=6)))
+        ids, logprobs, versions, update = [], [], [], None
+        async for event in worker.submit(request).events():
+            if isinstance(event, TokenChunk):
+                ids += event.token_ids
+                logprobs += event.logprobs
+                versions += event.versions
+                if update is None:
+                    update = asyncio.ensure_future(worker.update_weights(new, 1))
+            else:
+                finished = event
+        return ids, logprobs, versions, finished, await update, await neighbour
+
+    ids, logprobs, versions, finished, applied, neighbour = asyncio.run(run())
+    assert applied == 1 and worker.engine.status()["policy_version"] == 1
+    assert finished.finish_reason == "length" and len(ids) == 160
+    switch = versions.index(1)
+    assert 0 < switch < 160 and versions == [0] * switch + [1] * (160 - switch)
+    assert neighbour[4].finish_reason == "length" and len(neighbour[0]) == 160  # not dropped
+    # Tokens before the swap are the old policy's; after it (re-prefilled caches) exactly the
+    # new policy's, so DIS ratios against the recorded log-probs are exact.
+    before = full_logprobs(old, prompt + ids)
+    after = full_logprobs(new, prompt + ids)
+    expected = [
+        (before if j < switch else after)[len(prompt) + j - 1, t] for j, t in enumerate(ids)
+    ]
+    np.testing.assert_allclose(logprobs, expected, atol=2e-4)
+
+
+def test_pause_queues_and_continue_resumes(make_worker):
+    worker = make_worker()
+
+    async def run():
+        worker.engine.pause()
+        task = asyncio.create_task(
+            collect(worker, GenerationRequest(tuple(prompts()[0]), max_tokens=8, seed=1))
+        )
+        await asyncio.sleep(0.3)
+        status = worker.engine.status()
+        assert status["paused"] and status["queued"] == 1 and not task.done()
+        worker.engine.resume()
+        return await task
+
+    ids, *_, finished, _ = asyncio.run(run())
+    assert finished.finish_reason in ("stop", "length") and ids
+
+
+def test_staleness_capacity_answers_429_until_new_weights(make_worker, sampler):
+    worker = make_worker(max_staleness=0, staleness_batch_size=2)
+    request = GenerationRequest(tuple(prompts()[0]), max_tokens=4, seed=2)
+
+    async def run():
+        for _ in range(2):
+            await collect(worker, request)
+        with pytest.raises(ApiError) as info:
+            worker.submit(request)
+        assert info.value.status == 429 and info.value.code == "staleness_capacity_exhausted"
+        assert info.value.headers["Retry-After"] == "1"
+        await worker.update_weights(sampler.params, sampler.policy_version + 1)
+        return await collect(worker, request)
+
+    *_, finished, _ = asyncio.run(run())
+    assert finished.finish_reason in ("stop", "length")
+    assert worker.metrics.rejected.labels("staleness")._value.get() == 1
+
+
+def test_cancel_and_timeout_free_the_slot(make_worker):
+    worker = make_worker()
+    long = GenerationRequest(tuple(prompts()[0]), max_tokens=400, seed=3, stop_token_ids=())
+
+    async def run():
+        handle = worker.submit(long)
+        async for event in handle.events():
+            assert isinstance(event, TokenChunk)
+            break  # leaving the iterator cancels the generation
+        timed = await collect(worker, dataclasses.replace(long, timeout_s=0.05))
+        for _ in range(100):
+            if worker.engine.status()["running"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        return timed
+
+    *_, finished, _ = asyncio.run(run())
+    assert finished.finish_reason == "timeout" and finished.completion_tokens < 400
+    assert worker.engine.status()["running"] == 0
+    assert worker.metrics.finished.labels("cancelled")._value.get() == 1
+
+
+def test_stop_string_ends_reply_and_deactivates_slot(make_worker):
+    worker = make_worker()
+    tok = tool_model().tokenizer
+    prompt = tok.encode_chat(TOOL_MESSAGES, tools=[WEATHER_TOOL])
+    request = GenerationRequest(
+        tuple(prompt), max_tokens=60, temperature=0.0, stop=('"arguments"',)
+    )
+    ids, _, _, text, finished, _ = asyncio.run(collect(worker, request))
+    assert finished.finish_reason == "stop" and finished.stop_reason == '"arguments"'
+    assert text == TOOL_REPLY[: TOOL_REPLY.index('"arguments"')]
+    assert '"arguments"' in tok.decode(ids) and len(ids) < len(tok.encode(TOOL_REPLY))
+    assert worker.engine.status()["running"] == 0
+
+
+def test_top_logprobs_are_the_model_top_k(make_worker, sampler, full_logprobs):
+    worker = make_worker()
+    prompt = prompts()[2]
+    request = GenerationRequest(tuple(prompt), max_tokens=10, seed=9, top_logprobs=5)
+    ids, logprobs, _, _, _, chunks = asyncio.run(collect(worker, request))
+    top = [row for c in chunks for row in c.top_logprobs]
+    reference = full_logprobs(sampler.params, prompt + ids)
+    for j, row in enumerate(top):
+        expected = np.argsort(-reference[len(prompt) + j - 1])[:5]
+        assert [i for i, _ in row] == expected.tolist()
+        np.testing.assert_allclose(
+            [v for _, v in row], reference[len(prompt) + j - 1, expected], atol=2e-4
+        )
+        if ids[j] == row[0][0]:
+            assert abs(logprobs[j] - row[0][1]) < 2e-4
+
+
+def test_requests_the_cache_cannot_hold_are_refused(make_worker):
+    worker = make_worker()
+
+    async def submit(request):
+        return worker.submit(request)
+
+    with pytest.raises(ApiError) as info:
+        asyncio.run(submit(GenerationRequest((1,) * 500, max_tokens=20)))
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded"

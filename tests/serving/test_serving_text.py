@@ -1,0 +1,187 @@
+"""Pure pieces of serving: the tiny tokenizer, incremental text with stop strings, tool-call
+streaming, conversation diffs, and the AReaL staleness capacity."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serving.common.errors import ApiError
+from serving.common.tiny_tokenizer import TINY_VOCAB_SIZE, build_tiny_tokenizer
+from serving.proxy.conversation import canonical, new_messages
+from serving.proxy.responses import ToolCallStreamFilter, parse_reply
+from serving.worker.admission import staleness_capacity, validate_request
+from serving.worker.generation import GenerationRequest, TextTracker
+
+TOKENIZER = build_tiny_tokenizer()
+STOP_IDS = frozenset(TOKENIZER.stop_ids)
+
+
+def test_tiny_tokenizer_is_deterministic_and_lossless():
+    again = build_tiny_tokenizer()
+    assert again.backend.to_str() == TOKENIZER.backend.to_str()
+    assert TOKENIZER.vocab_size == TINY_VOCAB_SIZE
+    text = 'Wëird 文字 😀 <tool_call>{"a": 1}</tool_call> tab\there'
+    assert TOKENIZER.decode(TOKENIZER.encode(text)) == text
+    for marker in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"):
+        assert len(TOKENIZER.encode(marker)) == 1
+    assert TOKENIZER.eos_id == TOKENIZER.token_to_id("<|im_end|>")
+
+
+def stream(text: str, stop=(), chunk=3, stop_token=False):
+    """Feed `text` token by token in chunks through a TextTracker; returns (emitted, keep, hit)."""
+    ids = TOKENIZER.encode(text) + ([TOKENIZER.eos_id] if stop_token else [])
+    tracker = TextTracker(TOKENIZER, stop, STOP_IDS)
+    emitted, out = "", []
+    for begin in range(0, len(ids), chunk):
+        out = ids[: begin + chunk]
+        finished = begin + chunk >= len(ids)
+        delta, keep, hit = tracker.update(out, finished)
+        emitted += delta
+        if keep is not None:
+            return emitted, out[:keep], hit, tracker.final_text(out[:keep])
+    return emitted, out, None, tracker.final_text(out)
+
+
+@given(st.text(alphabet="abc xyz.\n", min_size=1, max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_text_without_stops_is_emitted_exactly(text):
+    emitted, _, hit, final = stream(text)
+    assert (emitted, hit, final) == (text, None, text)
+
+
+def test_stop_token_text_is_not_emitted():
+    emitted, ids, _, final = stream("hello there", stop_token=True)
+    assert emitted == final == "hello there"
+    assert ids[-1] == TOKENIZER.eos_id
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 50])
+def test_stop_string_cuts_reply_and_tokens(chunk):
+    text = "The answer is 42. END of story, more text"
+    emitted, kept, hit, final = stream(text, stop=("END", "zzz"), chunk=chunk)
+    assert hit == "END"
+    assert emitted == final == "The answer is 42. "
+    # the kept tokens are the fewest whose text contains the stop string
+    decoded = TOKENIZER.decode(kept)
+    assert "END" in decoded and "END" not in TOKENIZER.decode(kept[:-1])
+
+
+def test_partial_stop_string_is_held_back_then_released():
+    tracker = TextTracker(TOKENIZER, ("STOP",), STOP_IDS)
+    ids = TOKENIZER.encode("abc ST")
+    delta, keep, _ = tracker.update(ids, finished=False)
+    assert keep is None and delta == "abc " and "ST" not in delta
+    delta, keep, _ = tracker.update(ids, finished=True)  # ended by length: release the tail
+    assert delta == "ST"
+
+
+def test_incomplete_utf8_is_held_back():
+    ids = TOKENIZER.encode("é")  # byte-level: one or two tokens
+    partial = ids[:1] if len(ids) > 1 else ids
+    tracker = TextTracker(TOKENIZER, (), STOP_IDS)
+    delta, _, _ = tracker.update(partial, finished=False)
+    assert "\ufffd" not in delta
+
+
+def test_tool_call_stream_filter_holds_calls_and_tag_prefixes():
+    f = ToolCallStreamFilter(enabled=True)
+    sent = f.feed("Let me check <tool") + f.feed("_ca")
+    assert sent == "Let me check "  # "<tool_ca" could still become "<tool_call>"
+    sent += f.feed('ll>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    assert sent == "Let me check "
+    reply = parse_reply(f.held, "stop", tools_enabled=True)
+    assert reply.finish_reason == "tool_calls"
+    call = reply.tool_calls[0]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert call["id"].startswith("call_")
+    plain = ToolCallStreamFilter(enabled=True)
+    assert plain.feed("a < b") + plain.feed(" done") == "a < b done"
+
+
+def test_parse_reply_keeps_malformed_calls_visible():
+    text = '<tool_call>\n{"name": "f", "arguments": {bad json}\n</tool_call>'
+    reply = parse_reply(text, "stop", tools_enabled=True)
+    assert reply.content == text and not reply.tool_calls and reply.tool_call_errors
+    assert reply.finish_reason == "stop"
+    assert parse_reply(text, "stop", tools_enabled=False).tool_call_errors == []
+
+
+def test_conversation_diff_ignores_wire_details():
+    recorded = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": {"x": 1}}}],
+        },
+    ]
+    echoed = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "other", "function": {"name": "f", "arguments": '{"x":1}'}}],
+        },
+        {"role": "tool", "content": "ok", "tool_call_id": "call_1"},
+    ]
+    known = [canonical(m) for m in recorded]
+    assert new_messages(known, echoed) == (2, False)
+    edited = [{"role": "user", "content": "hello"}, *echoed[1:]]
+    assert new_messages(known, edited) == (0, True)
+
+
+def test_staleness_capacity_follows_areal_formula():
+    # eta=1, batch 4, version 0: at most (1 + 0 + 1) * 4 = 8 samples ahead of the learner.
+    args = dict(max_concurrent=100, max_staleness=1, batch_size=4)
+    assert staleness_capacity(running=3, accepted=4, versions_since_start=0, **args) == (
+        1,
+        "staleness",
+    )
+    assert staleness_capacity(running=0, accepted=8, versions_since_start=0, **args)[0] == 0
+    # one learner step later the budget grows by one batch
+    assert staleness_capacity(running=0, accepted=8, versions_since_start=1, **args)[0] == 4
+    # the queue bound wins when it is tighter
+    assert staleness_capacity(
+        running=99,
+        accepted=0,
+        versions_since_start=0,
+        max_concurrent=100,
+        max_staleness=5,
+        batch_size=100,
+    ) == (1, "queue")
+    assert staleness_capacity(
+        running=10,
+        accepted=10**6,
+        versions_since_start=0,
+        max_concurrent=12,
+        max_staleness=None,
+        batch_size=1,
+    ) == (2, "queue")
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "param"),
+    [
+        ({"input_ids": ()}, "input_ids"),
+        ({"input_ids": (1, 600)}, "input_ids"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 30}, "max_tokens"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
+def test_validate_request_names_the_problem(request_fields, param):
+    fields = {"input_ids": (1, 2, 3), "max_tokens": 5, **request_fields}
+    with pytest.raises(ApiError) as info:
+        validate_request(
+            GenerationRequest(**fields),
+            vocab_size=512,
+            context_length=32,
+            stop_ids=(2,),
+            max_stop_tokens=8,
+        )
+    assert (info.value.status, info.value.param) == (400, param)
