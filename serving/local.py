@@ -7,6 +7,8 @@ benchmark build; `LocalServer` keeps handles on the parts for them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -168,7 +170,11 @@ def create_local_server(config: LocalServerConfig, *, worker: Worker | None = No
     async def lifecycle(app: web.Application):
         worker.start()
         await router.poll_once()
+        health = asyncio.create_task(router.run_health_checks())
         yield
+        health.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await health
         await proxy.close()
         worker.stop()
 

@@ -98,10 +98,6 @@ def finish_error(finished: Finished) -> ApiError | None:
         return None
     if finished.finish_reason == "timeout":
         return ApiError(504, "the generation exceeded the request timeout", code="timeout")
-    if finished.finish_reason == "cancelled":
-        return ApiError(
-            503, "the generation was cancelled (worker shutting down)", code="cancelled"
-        )
     return ApiError(500, f"the generation failed: {finished.error}", code="generation_failed")
 
 
@@ -187,19 +183,29 @@ class GenerationRunner:
             try:
                 async for event in self.worker_client(route.worker).generate(attempt):
                     if isinstance(event, Finished):
+                        if event.finish_reason == "cancelled":
+                            # Only the worker itself cancels a request the proxy still reads:
+                            # it is shutting down, so the reply moves like after a crash.
+                            break
                         collected.finished = event
                         return
                     collected.add(event)
                     yield event
-                raise WorkerUnavailable(f"worker {route.worker} ended the stream early")
+                raise WorkerUnavailable(f"worker {route.worker} stopped before finishing")
+            except ApiError as error:
+                if error.code != "shutting_down":
+                    raise
+                moved = await self._move(call, route, moves)
             except WorkerUnavailable:
-                moves += 1
-                if moves > MAX_WORKER_MOVES:
-                    raise ApiError(
-                        503, "no worker could complete the request", code="no_worker"
-                    ) from None
-                route = await self.router.report_failure(call.session_id, route.worker)
-                self.moves_counter.inc()
+                moved = await self._move(call, route, moves)
+            route, moves = moved, moves + 1
+
+    async def _move(self, call: CallContext, route: Route, moves: int) -> Route:
+        """Report the session's worker as gone; the router answers with its new route."""
+        if moves >= MAX_WORKER_MOVES:
+            raise ApiError(503, "no worker could complete the request", code="no_worker")
+        self.moves_counter.inc()
+        return await self.router.report_failure(call.session_id, route.worker)
 
     async def start(
         self, call: CallContext, request: GenerationRequest

@@ -6,7 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -43,7 +48,7 @@ class ServerThread:
 
     def _run(self, port: int) -> None:
         asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.app, access_log=None)
+        self.runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5)
         try:
             self.loop.run_until_complete(self.runner.setup())
             site = web.TCPSite(self.runner, "127.0.0.1", port)
@@ -71,6 +76,7 @@ class ServerThread:
 
 # --------------------------------------------------------------------------- shared model
 
+REPO = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "admin-test-key-0123456789"
 WEATHER_TOOL = {
     "type": "function",
@@ -160,3 +166,56 @@ def read_trajectories(buffer: Path, tenant: str) -> dict:
     reader = AtdpStore.open(str(buffer), create=False).reader(tenant, principal=tenant)
     reader.refresh()
     return {t: reader.read(t) for t in reader.trajectory_ids(closed_only=False)}
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env(cache_dir: Path) -> dict[str, str]:
+    """Environment of a server subprocess: one CPU device, a persistent compilation cache
+    (a restarted server reuses the kernels its predecessor compiled)."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    return env
+
+
+def start_process(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    out = open(log, "ab")  # noqa: SIM115 (owned by the process' lifetime)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+    )
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float = 240) -> None:
+    """Poll GET /health until it answers 200 (bounded); fail with the log if the process dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    process.kill()
+    raise TimeoutError(f"{url} not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
