@@ -166,6 +166,11 @@ class Sampler:
         self.params = params
         self.policy_version = int(version)
 
+    def num_compiled(self) -> int:
+        """Executables compiled so far (prefill / decode / init per bucketed shape); a value
+        that keeps growing in a long run means shapes are not being bucketed."""
+        return sum(fn._cache_size() for fn in self._jitted.values())  # type: ignore[attr-defined]
+
     # ----------------------------------------------------------------------- jitted kernels
     def _model(self, params: nnx.State) -> Transformer:
         return nnx.merge(self.graphdef, params)
