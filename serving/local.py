@@ -59,6 +59,7 @@ class LocalServerConfig:
       max_staleness: staleness capacity eta (None: off).
       staleness_batch_size: LLM calls per learner version in the staleness capacity.
       reprefill_on_update: recompute running replies' caches after a weight swap.
+      warmup: compile every prefill / decode shape before serving.
       writer_threads: threads making ATDP commits durable.
       redact_disable: built-in redaction detectors to turn off, comma separated.
       max_concurrent_requests: completions in flight at the gateway before 429s.
@@ -85,6 +86,7 @@ class LocalServerConfig:
     max_staleness: int | None = None
     staleness_batch_size: int = 1
     reprefill_on_update: bool = True
+    warmup: bool = False
     writer_threads: int = 32
     redact_disable: tuple[str, ...] = ()
     max_concurrent_requests: int = 1024

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 
 @dataclasses.dataclass
@@ -36,6 +37,7 @@ class GatewayConfig:
     service_key: str | None = None
 
     def __post_init__(self):
+        self.admin_key = self.admin_key or os.environ.get("SAO_ADMIN_KEY")
         if not self.admin_key or len(self.admin_key) < 8:
             raise ValueError("an admin key of at least 8 characters is required (--admin-key)")
         if not self.state_dir:

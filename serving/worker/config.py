@@ -49,6 +49,7 @@ class WorkerConfig:
     max_staleness: int | None = None
     staleness_batch_size: int = 1
     reprefill_on_update: bool = True
+    warmup: bool = False
     service_key: str | None = None
 
     def __post_init__(self):

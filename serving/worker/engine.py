@@ -91,6 +91,34 @@ class GenerationEngine:
             self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
             self._thread.start()
 
+    def warmup(self) -> int:
+        """Compile every prefill shape the engine can dispatch (prompt-length buckets up to the
+        context x batch-size buckets up to max_prefill_batch) and the decode loop, before
+        serving: otherwise the first request of each new shape waits for XLA. Call before
+        `start`; returns the number of shapes run."""
+        if self._thread is not None:
+            raise RuntimeError("warmup must run before the engine starts")
+        sampler, context = self.sampler, self.config.context_length
+        lengths, length = [], sampler.min_prompt_bucket
+        while length < context:
+            lengths.append(length)
+            length *= 2
+        lengths.append(context - 1)
+        batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= self.config.max_prefill_batch]
+        if self.config.max_prefill_batch not in batches:
+            batches.append(self.config.max_prefill_batch)
+        state = sampler.init_state(self.config.num_slots, context)
+        runs = 0
+        for rows in batches:
+            for length in lengths:
+                prompts = [[self.tokenizer.pad_id] * length] * rows
+                sampling = SamplingParams(max_new_tokens=context - length, seed=0)
+                state, *_ = sampler.prefill(state, prompts, list(range(rows)), sampling)
+                runs += 1
+        state, *_ = sampler.decode(state, self.config.decode_steps)
+        del state
+        return runs + 1
+
     def stop(self) -> None:
         """Finish every request as cancelled and stop the engine thread."""
         with self._cv:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,7 @@ from serving.worker.generation import GenerationHandle, GenerationRequest
 from serving.worker.metrics import WorkerMetrics
 
 DEFAULT_MAX_CONTEXT = 2048
+logger = logging.getLogger(__name__)
 
 
 class Worker:
@@ -63,6 +66,7 @@ class Worker:
         self.metrics = WorkerMetrics(registry)
         self.engine = GenerationEngine(self.sampler, self.tokenizer, self.config, self.metrics)
         self._update_lock = asyncio.Lock()
+        self._warmed = False
 
     @classmethod
     def from_config(cls, config: WorkerConfig, registry: CollectorRegistry | None = None) -> Worker:
@@ -77,6 +81,12 @@ class Worker:
         return cls(config, served, registry)
 
     def start(self) -> None:
+        """Start the engine (compiling every shape first when `config.warmup`)."""
+        if self.config.warmup and not self._warmed:
+            start = time.perf_counter()
+            shapes = self.engine.warmup()
+            logger.info("compiled %d shapes in %.1f s", shapes, time.perf_counter() - start)
+            self._warmed = True
         self.engine.start()
 
     def stop(self) -> None:

@@ -1,7 +1,9 @@
 """The one-process server through the official `openai` client: plain, streaming and tool
 calls, logprobs, completions, sessions and rewards, and what lands in the ATDP buffer."""
 
+import dataclasses
 import json
+import time
 
 import numpy as np
 import openai
@@ -13,12 +15,15 @@ from serving_harness import (
     api,
     local_server,
     read_trajectories,
+    shared_worker,
     tool_model,
 )
 
 from atdp_io import ActionKind, EventKind, LateReward, ReplayClass
 from atdp_io.codec import trajectory_from_export
+from sao_jax.rollout.weights import WeightPublisher
 from serving.common.model_source import template_fingerprint
+from serving.worker.service import Worker
 
 MODEL = "sao-test"
 TENANT = "acme"
@@ -322,3 +327,27 @@ def test_export_streams_atdp_lines(server):
     assert trajectory.trajectory_id == session["session_id"] and len(llm_events(trajectory)) == 1
     status, _ = api(thread.url, "/rl/export", {"tenant": "exporter"}, session["api_key"])
     assert status == 403
+
+
+def test_staleness_capacity_is_a_429_until_the_learner_publishes(tmp_path):
+    shared = shared_worker()
+    config = dataclasses.replace(shared.config, max_staleness=0, staleness_batch_size=1)
+    worker = Worker(config, shared.served, sampler=shared.sampler)
+    publisher = WeightPublisher()
+    worker.follow(publisher)
+    with local_server(tmp_path / "buffer", worker=worker) as (thread, _):
+        client = client_for(thread.url, start_session(thread.url)["api_key"])
+        ask = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        client.chat.completions.create(**ask)  # eta=0, batch 1: one sample per policy version
+        with pytest.raises(openai.RateLimitError, match="staleness capacity exhausted") as info:
+            client.chat.completions.create(**ask)
+        assert info.value.response.headers["Retry-After"] == "1"
+        version = shared.sampler.policy_version + 1
+        publisher.publish(shared.sampler.params, version)  # the learner's next version
+        for _ in range(100):
+            if worker.engine.status()["policy_version"] == version:
+                break
+            time.sleep(0.02)
+        reply = client.chat.completions.create(**ask)
+        assert reply.model_extra["policy_version"] == version
+    shared.sampler.update_weights(shared.sampler.params, 0)
