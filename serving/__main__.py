@@ -11,7 +11,7 @@ from serving.local import LocalServerConfig, create_local_server
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(LocalServerConfig, argv, __doc__)
+    config = parse_config(LocalServerConfig, argv, __doc__, "python -m serving")
     if not config.admin_key:
         sys.exit("error: --admin-key (or SAO_ADMIN_KEY) is required")
     server = create_local_server(config)

@@ -55,9 +55,11 @@ def _converter(tp: Any, optional: bool):
     return convert
 
 
-def dataclass_parser(cls: type, description: str) -> argparse.ArgumentParser:
+def dataclass_parser(
+    cls: type, description: str, prog: str | None = None
+) -> argparse.ArgumentParser:
     """An argparse parser with one option per field of the dataclass `cls`."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     docs = _field_docs(cls)
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
@@ -86,9 +88,11 @@ def dataclass_parser(cls: type, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(cls: type[T], argv: Sequence[str] | None, description: str) -> T:
+def parse_config(
+    cls: type[T], argv: Sequence[str] | None, description: str, prog: str | None = None
+) -> T:
     """The dataclass `cls` filled from `argv` (exits 2 with a usage message on bad input)."""
-    parser = dataclass_parser(cls, description)
+    parser = dataclass_parser(cls, description, prog)
     args = parser.parse_args(argv)
     try:
         return cls(**vars(args))

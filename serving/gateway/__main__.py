@@ -10,7 +10,7 @@ from serving.gateway.config import GatewayConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(GatewayConfig, argv, __doc__)
+    config = parse_config(GatewayConfig, argv, __doc__, "python -m serving.gateway")
     serve(create_app(config), config.host, config.port, "serving.gateway")
 
 

@@ -9,7 +9,7 @@ from serving.proxy.config import ProxyConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(ProxyConfig, argv, __doc__)
+    config = parse_config(ProxyConfig, argv, __doc__, "python -m serving.proxy")
     serve(create_app(config), config.host, config.port, "serving.proxy")
 
 

@@ -9,7 +9,7 @@ from serving.router.config import RouterConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(RouterConfig, argv, __doc__)
+    config = parse_config(RouterConfig, argv, __doc__, "python -m serving.router")
     serve(create_app(config), config.host, config.port, "serving.router")
 
 

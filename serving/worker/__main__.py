@@ -9,7 +9,7 @@ from serving.worker.config import WorkerConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(WorkerConfig, argv, __doc__)
+    config = parse_config(WorkerConfig, argv, __doc__, "python -m serving.worker")
     serve(create_app(config), config.host, config.port, "serving.worker")
 
 

@@ -22,7 +22,9 @@ from serving_harness import (
 from atdp_io import ActionKind, EventKind, LateReward, ReplayClass
 from atdp_io.codec import trajectory_from_export
 from sao_jax.rollout.weights import WeightPublisher
+from serving.common.errors import ApiError
 from serving.common.model_source import template_fingerprint
+from serving.gateway.client import GatewayClient
 from serving.worker.service import Worker
 
 MODEL = "sao-test"
@@ -351,3 +353,25 @@ def test_staleness_capacity_is_a_429_until_the_learner_publishes(tmp_path):
         reply = client.chat.completions.create(**ask)
         assert reply.model_extra["policy_version"] == version
     shared.sampler.update_weights(shared.sampler.params, 0)
+
+
+def test_gateway_client_drives_a_session(server):
+    thread, _, buffer = server
+    gateway = GatewayClient(thread.url, ADMIN_KEY)
+    session = gateway.start_session("client", task_id="t-9", task={"env": "alfworld", "index": 3})
+    reply = session.openai(max_retries=0).chat.completions.create(
+        model=session.model, messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
+    assert session.set_reward(0.25, interaction_id=reply.id)["event_index"] == 1
+    assert gateway.set_reward(1.0, session_id=session.session_id)["event_index"] == 1
+    assert session.end(success=False, info={"why": "test"})["ended"]
+    (line,) = gateway.export("client")
+    assert line["trajectory"]["header"]["task"] == {"env": "alfworld", "index": 3, "task_id": "t-9"}
+    with pytest.raises(ApiError) as info:
+        session.end()
+    assert info.value.status == 409 and info.value.code == "session_ended"
+    with pytest.raises(ApiError) as info:
+        GatewayClient(thread.url, "sk-nope").start_session("client")
+    assert info.value.status == 401
+    assert gateway.health()["workers_alive"] == 1
+    assert read_trajectories(buffer, "client")[session.session_id].outcome.success is False

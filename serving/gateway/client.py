@@ -1,0 +1,150 @@
+"""A client of the gateway's RL endpoints, for agent harnesses and the learner.
+
+Completions go through the official `openai` client (`session.openai()`); this client covers
+what OpenAI's API has no words for: sessions, rewards, export and the admin operations.
+
+    gateway = GatewayClient("http://127.0.0.1:8000", admin_key)
+    session = gateway.start_session("acme", task_id="ticket-42")
+    reply = session.openai().chat.completions.create(model=..., messages=[...])
+    session.set_reward(1.0, interaction_id=reply.id)
+    session.end(success=True)
+
+Standard library only (urllib); errors come back as `ApiError` with the server's status and
+OpenAI error fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from serving.common.errors import ApiError
+
+
+def _request(url: str, path: str, key: str, body: dict[str, Any] | None, timeout: float) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url + path,
+        data=data,
+        method="GET" if body is None else "POST",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as error:
+        try:
+            payload = json.loads(error.read())
+        except ValueError:
+            payload = None
+        raise ApiError.from_json(error.code, payload) from None
+    return raw
+
+
+def _call(url: str, path: str, key: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    return json.loads(_request(url, path, key, body, timeout))
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """A started session: its id and key, bound to the gateway that issued it."""
+
+    gateway_url: str
+    session_id: str
+    api_key: str
+    model: str | None
+    timeout_s: float = 120.0
+
+    def openai(self, **kwargs: Any):
+        """An `openai.OpenAI` client whose calls are recorded in this session."""
+        import openai
+
+        return openai.OpenAI(base_url=self.gateway_url + "/v1", api_key=self.api_key, **kwargs)
+
+    def set_reward(
+        self, reward: float, *, interaction_id: str | None = None, source: str = "user"
+    ) -> dict[str, Any]:
+        """Reward one completion (its response id) or, without one, the last completion."""
+        body = {"reward": reward, "interaction_id": interaction_id, "source": source}
+        return _call(self.gateway_url, "/rl/set_reward", self.api_key, body, self.timeout_s)
+
+    def end(self, *, success: bool | None = None, info: dict[str, Any] | None = None) -> dict:
+        body = {"success": success, "info": info or {}}
+        return _call(self.gateway_url, "/rl/end_session", self.api_key, body, self.timeout_s)
+
+
+class GatewayClient:
+    """The RL endpoints with an admin or tenant key."""
+
+    def __init__(self, url: str, key: str, *, timeout_s: float = 120.0):
+        self.url = url.rstrip("/")
+        self.key = key
+        self.timeout_s = timeout_s
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return _call(self.url, path, self.key, body, self.timeout_s)
+
+    def start_session(
+        self, tenant: str | None = None, *, task_id: str | None = None, task: dict | None = None
+    ) -> Session:
+        answer = self._post(
+            "/rl/start_session", {"tenant": tenant, "task_id": task_id, "task": task or {}}
+        )
+        return Session(
+            self.url, answer["session_id"], answer["api_key"], answer["model"], self.timeout_s
+        )
+
+    def set_reward(
+        self,
+        reward: float,
+        *,
+        session_id: str | None = None,
+        interaction_id: str | None = None,
+        source: str = "user",
+    ) -> dict[str, Any]:
+        body = {
+            "reward": reward,
+            "session_id": session_id,
+            "interaction_id": interaction_id,
+            "source": source,
+        }
+        return self._post("/rl/set_reward", body)
+
+    def end_session(self, session_id: str, *, success: bool | None = None, info=None) -> dict:
+        body = {"session_id": session_id, "success": success, "info": info or {}}
+        return self._post("/rl/end_session", body)
+
+    def export(
+        self,
+        tenant: str | None = None,
+        *,
+        session_id: str | None = None,
+        eligible_only: bool = False,
+        include_open: bool = True,
+    ) -> Iterator[dict[str, Any]]:
+        """Exported trajectories, one `{"tenant", "trajectory"}` object per line."""
+        body = {
+            "tenant": tenant,
+            "session_id": session_id,
+            "eligible_only": eligible_only,
+            "include_open": include_open,
+        }
+        raw = _request(self.url, "/rl/export", self.key, body, self.timeout_s)
+        return (json.loads(line) for line in raw.splitlines() if line.strip())
+
+    def pause(self) -> dict[str, Any]:
+        return self._post("/rl/pause", {})
+
+    def resume(self) -> dict[str, Any]:
+        return self._post("/rl/continue", {})
+
+    def update_weights(self, path: str, version: int | None = None) -> dict[str, Any]:
+        """Every worker loads the checkpoint at `path` and swaps it in."""
+        return self._post("/rl/update_weights", {"path": path, "version": version})
+
+    def health(self) -> dict[str, Any]:
+        return _call(self.url, "/health", self.key, None, self.timeout_s)
