@@ -22,6 +22,8 @@ from sao_jax.train.config import OptimizerConfig
 from sao_jax.train.partition import split_trainable
 from sao_jax.train.steps import BATCH_KEYS, Placement, guarded_update, make_optimizer
 
+_COMPILED: dict[tuple, Any] = {}
+
 
 class BehaviourCloner:
     """SFT of a policy on action tokens with its own AdamW (discarded after the warm start).
@@ -60,7 +62,15 @@ class BehaviourCloner:
             "z_weight": router_z_loss_weight,
         }
         self._chunk_size = chunk_size
-        self._step_fns: dict[tuple, Any] = {}
+        # Everything the compiled step depends on: cloners of one setup share executables.
+        self._key = (
+            self._graphdef,
+            repr(optimizer),
+            tuple(sorted(self._weights.items())),
+            chunk_size,
+            mesh,
+            rules,
+        )
         self.steps = 0
         self.skipped_steps = 0
 
@@ -74,11 +84,11 @@ class BehaviourCloner:
         if missing:
             raise ValueError(f"BehaviourCloner: batch lacks {missing}")
         device_batch = self.placement.put_batch({k: np.asarray(batch[k]) for k in BATCH_KEYS})
-        shapes = {k: tuple(v.shape) for k, v in device_batch.items()}
-        key = tuple(sorted(shapes.items()))
-        if key not in self._step_fns:
-            self._step_fns[key] = self._build(shapes)
-        self.params, self.opt_state, metrics = self._step_fns[key](
+        shapes = tuple(sorted((k, tuple(v.shape)) for k, v in device_batch.items()))
+        key = (self._key, shapes)
+        if key not in _COMPILED:
+            _COMPILED[key] = self._build(dict(shapes))
+        self.params, self.opt_state, metrics = _COMPILED[key](
             self.params, self._frozen, self.opt_state, device_batch
         )
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -119,7 +129,7 @@ class BehaviourCloner:
 
             return guarded_update(loss_fn, optimizer, params, opt_state)
 
-        place = self.placement
+        place = Placement(self.placement.mesh, self.placement.rules)
         return place.jit(
             update,
             (self._param_sh, self._frozen_sh, self._opt_sh, place.batch(shapes)),

@@ -1,0 +1,154 @@
+"""The online RL loop: rollout engine -> ATDP buffer -> loader stream -> learner -> publication.
+
+`OnlineTrainer` owns the learner's side of the cycle. It never touches an episode: batches come
+from an `atdp_io` loader stream over the tenant the engine writes, and new weights leave through
+a `WeightPublisher` (versioned, atomic). Two schedules:
+
+- asynchronous: the engine's workers play continuously with the latest published weights; the
+  learner trains on whatever the stream delivers (the engine's admission control and the
+  loader's staleness filter bound how old a sample may be);
+- synchronous: each round the engine plays `episodes_per_round` episodes with the current
+  weights, the learner trains on every batch they fill, then publishes.
+
+A stream that goes idle for `idle_timeout_s` hands over its partial batch and is revived, so a
+batch that cannot fill (too few episodes admitted for the batch size) never hangs the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from sao_jax.train.learner import Learner
+
+
+class RolloutSource(Protocol):
+    """What the loop needs of a rollout engine (`sao_jax.rollout.RolloutEngine`)."""
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def generate(self, num_episodes: int) -> dict: ...
+
+    def guard(self, iterator: Iterator) -> Iterator: ...
+
+    def raise_if_failed(self) -> None: ...
+
+
+class OnlineTrainer:
+    """Trains `learner` on the batches a rollout engine's episodes produce.
+
+    Args:
+      learner: the learner; its `policy_version` stamps published weights.
+      loader: an `atdp_io.loader.AtdpLoader` over the engine's tenant, whose `current_version`
+        reads `learner.policy_version` (the staleness filter).
+      publisher: the engine's `WeightPublisher`.
+      engine: the rollout engine.
+      asynchronous: the schedule (must match the engine's).
+      episodes_per_round: episodes a synchronous round plays.
+      idle_timeout_s: how long the stream may see no new trajectory before a partial batch.
+      poll_interval_s: the stream's storage polling period.
+    """
+
+    def __init__(
+        self,
+        learner: Learner,
+        loader: Any,
+        publisher: Any,
+        engine: RolloutSource,
+        *,
+        asynchronous: bool,
+        episodes_per_round: int,
+        idle_timeout_s: float = 5.0,
+        poll_interval_s: float = 0.05,
+    ):
+        if episodes_per_round < 1:
+            raise ValueError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
+        self.learner, self.publisher, self.engine = learner, publisher, engine
+        self.asynchronous = asynchronous
+        self.episodes_per_round = episodes_per_round
+        timeout = idle_timeout_s if asynchronous else min(idle_timeout_s, 4 * poll_interval_s)
+        self.iterator = iter(loader.stream(poll_interval_s=poll_interval_s, idle_timeout_s=timeout))
+        self.timing = {"wait_seconds": 0.0, "learner_seconds": 0.0, "rollout_seconds": 0.0}
+        self._running = False
+
+    # -- data position (checkpointed with the learner) -------------------------------------------
+
+    def data_state(self) -> dict:
+        """The stream iterator's position (JSON), for checkpoint metadata."""
+        return self.iterator.get_state()
+
+    def set_data_state(self, state: Mapping) -> None:
+        self.iterator.set_state(dict(state))
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def publish(self) -> None:
+        """Publish the learner's current policy as its `policy_version` (if newer)."""
+        version = self.learner.policy_version
+        if version > self.publisher.version:
+            self.publisher.publish(self.learner.policy_module(copy=False), version)
+            self.learner.on_weights_published()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """Training batches in the chosen schedule (forever; the caller stops)."""
+        while True:
+            if not self.asynchronous:
+                start = time.perf_counter()
+                self.engine.generate(self.episodes_per_round)
+                self.timing["rollout_seconds"] += time.perf_counter() - start
+            emitted = False
+            for batch in self._until_idle():
+                emitted = True
+                yield batch
+            if self.asynchronous and not emitted:
+                self.engine.raise_if_failed()
+
+    def _until_idle(self) -> Iterator[dict[str, np.ndarray]]:
+        source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(source)
+            except StopIteration:
+                self.timing["wait_seconds"] += time.perf_counter() - start
+                # An idle stream ends; its position is kept, so it resumes with new commits.
+                self.iterator.set_state(self.iterator.get_state())
+                return
+            self.timing["wait_seconds"] += time.perf_counter() - start
+            if (batch["traj_index"] >= 0).any():
+                yield batch
+
+    def run(
+        self,
+        policy_steps: int,
+        on_iteration: Callable[[dict[str, float]], bool | None] | None = None,
+    ) -> None:
+        """Iterate until the learner reaches `policy_steps` policy updates.
+
+        `on_iteration(metrics)` runs after each iteration (metrics include `time/...`); it may
+        return True to stop early. The engine is started (async) and stopped here.
+        """
+        if self.asynchronous:
+            self.engine.start()
+        try:
+            if self.learner.policy_version >= policy_steps:
+                return
+            for batch in self.batches():
+                start = time.perf_counter()
+                metrics = self.learner.iteration(batch)
+                self.publish()
+                self.timing["learner_seconds"] += time.perf_counter() - start
+                metrics.update({f"time/{k}": v for k, v in self.timing.items()})
+                stop = on_iteration(metrics) if on_iteration is not None else False
+                if stop or self.learner.policy_version >= policy_steps:
+                    return
+        finally:
+            if self.asynchronous:
+                self.engine.stop()
