@@ -14,6 +14,7 @@ many greedy tokens agree.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -38,6 +39,9 @@ class BenchConfig:
     batch: rows per forward / generation batch. seq_len: forward sequence length.
     prompt_len: generation prompt length. new_tokens: greedy tokens generated per row.
     repeats: timed repetitions (the best is reported).
+    threads: 0 = each framework's default (all cores); n > 0 = n intra-op threads for both
+    (use threads=1 under `taskset -c 0` when other jobs share the machine: oversubscribed
+    OpenMP threads make torch's multi-threaded timings meaningless).
     """
 
     layers: int = 4
@@ -51,6 +55,7 @@ class BenchConfig:
     prompt_len: int = 32
     new_tokens: int = 128
     repeats: int = 5
+    threads: int = 0
 
 
 def best_times(fns: dict, repeats: int) -> dict[str, float]:
@@ -69,6 +74,13 @@ def best_times(fns: dict, repeats: int) -> dict[str, float]:
 
 def main(argv: list[str]) -> None:
     cfg = parse_cli(argv, {"default": BenchConfig()}, save=False)
+    if cfg.threads > 0:  # before JAX creates its CPU client
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_cpu_multi_thread_eigen={str(cfg.threads > 1).lower()}"
+            + f" intra_op_parallelism_threads={cfg.threads}"
+        )
+        torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     hf_config = Qwen3MoeConfig(
         vocab_size=cfg.vocab,

@@ -142,8 +142,8 @@ def _overflow_blocks(
     capacity: int,
     weights: ExpertWeights,
 ) -> jax.Array:
-    """Assignments ranked >= capacity within their expert, padded to whole blocks per expert
-    and run one block per scan step (unused steps skipped) -> [A, D] (0 elsewhere)."""
+    """Assignments ranked >= capacity within their expert, padded to whole blocks per expert,
+    one block per loop step -> [A, D] (0 elsewhere)."""
     d = x.shape[1]
     e = weights.num_experts
     a = order.shape[0]
@@ -170,22 +170,59 @@ def _overflow_blocks(
     owner = jnp.sum(block_end[None, :] <= block_ids[:, None], axis=1)
     owner = jnp.minimum(owner, e - 1).astype(jnp.int32)
 
-    def one_block(_, inputs):
-        rows, owner, used = inputs
-
-        def swiglu(rows: jax.Array) -> jax.Array:
-            h = jax.nn.silu(rows @ weights.gate[owner]) * (rows @ weights.up[owner])
-            return h @ weights.down[owner]
-
-        return None, jax.lax.cond(used, swiglu, jnp.zeros_like, rows)
-
-    def run_blocks(blocks: jax.Array) -> jax.Array:
-        used = block_ids < block_end[-1]
-        return jax.lax.scan(one_block, None, (blocks, owner, used))[1]
-
-    # Most steps have no overflow at all: skip the whole scan then, not block by block.
-    out = jax.lax.cond(block_end[-1] > 0, run_blocks, jnp.zeros_like, blocks)
+    out = _run_blocks(blocks, owner, block_end[-1], weights)
     return _from_slots(out.reshape(max_blocks * b, d), order, slot)
+
+
+def _block_swiglu(rows: jax.Array, expert: jax.Array, weights: ExpertWeights) -> jax.Array:
+    """[b, D] rows through expert `expert` (a traced index) -> [b, D]."""
+    h = jax.nn.silu(rows @ weights.gate[expert]) * (rows @ weights.up[expert])
+    return h @ weights.down[expert]
+
+
+def _run_blocks_scan(
+    blocks: jax.Array, owner: jax.Array, num_used: jax.Array, weights: ExpertWeights
+) -> jax.Array:
+    """Differentiable: a scan over every block slot, unused ones skipped by lax.cond."""
+
+    def one_block(_, inputs):
+        rows, expert, used = inputs
+        out = jax.lax.cond(used, lambda r: _block_swiglu(r, expert, weights), jnp.zeros_like, rows)
+        return None, out
+
+    used = jnp.arange(blocks.shape[0]) < num_used
+    return jax.lax.scan(one_block, None, (blocks, owner, used))[1]
+
+
+@jax.custom_vjp
+def _run_blocks(
+    blocks: jax.Array, owner: jax.Array, num_used: jax.Array, weights: ExpertWeights
+) -> jax.Array:
+    """[max_blocks, b, D] -> [max_blocks, b, D]: block j through expert owner[j], j < num_used.
+
+    The forward pass loops over the used blocks only (a while loop: no per-slot overhead, which
+    dominates decode steps); gradients come from the equivalent scan, since reverse-mode AD
+    cannot go through a while loop.
+    """
+
+    def body(j, out):
+        return out.at[j].set(_block_swiglu(blocks[j], owner[j], weights))
+
+    return jax.lax.fori_loop(0, num_used, body, jnp.zeros_like(blocks))
+
+
+def _run_blocks_fwd(blocks, owner, num_used, weights):
+    return _run_blocks(blocks, owner, num_used, weights), (blocks, owner, num_used, weights)
+
+
+def _run_blocks_bwd(residuals, cotangent):
+    blocks, owner, num_used, weights = residuals
+    _, vjp = jax.vjp(lambda x, w: _run_blocks_scan(x, owner, num_used, w), blocks, weights)
+    d_blocks, d_weights = vjp(cotangent)
+    return d_blocks, None, None, d_weights
+
+
+_run_blocks.defvjp(_run_blocks_fwd, _run_blocks_bwd)
 
 
 def sorted_capacity(

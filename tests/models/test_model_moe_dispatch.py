@@ -67,8 +67,12 @@ def test_dropless_dispatch_matches_reference_and_skips_padding(name, skewed, n):
     assert np.all(np.asarray(y)[~valid] == 0)
 
 
-def test_both_dispatches_agree_with_gradients_when_nothing_is_dropped():
+@pytest.mark.parametrize("skewed", [False, True])  # skewed: the overflow pass carries most rows
+def test_both_dispatches_agree_with_gradients_when_nothing_is_dropped(skewed):
     x, routing, weights = _problem(seed=1)
+    if skewed:
+        index = np.tile(np.array([[2, 5]], np.int32), (N, 1))
+        routing = Routing(jnp.asarray(index), routing.expert_weight, routing.valid)
 
     def loss(name, x, weights):
         y, _ = get_dispatch(name)(x, routing, weights, 0.0)
