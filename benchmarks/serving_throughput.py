@@ -16,7 +16,7 @@ other jobs on the machine hits both sides). Latency is per request, send to full
 "added" is the HTTP percentile minus the direct percentile.
 
     python benchmarks/serving_throughput.py [preset=tiny] [concurrency=[1,8,32]]
-        [requests_per_agent=4] [max_tokens=128] [out_dir=/tmp/serving_bench]
+        [requests_per_run=64] [max_tokens=128] [repeats=3] [out_dir=/tmp/serving_bench]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class BenchConfig:
     """Attributes:
     preset: model preset served (tiny: random tiny MoE + byte-level BPE).
     concurrency: concurrent agents (each sends its requests one after the other).
-    requests_per_agent: requests each agent sends per measurement.
+    requests_per_run: requests per measurement, spread over the agents (at least 2 each).
     max_tokens: completion tokens per request (fewer when the model emits a stop token).
     prompt_words: words of the user message (about one token each).
     num_slots: worker KV-cache slots (requests decoded together).
@@ -62,7 +62,7 @@ class BenchConfig:
 
     preset: str = "tiny"
     concurrency: list[int] = dataclasses.field(default_factory=lambda: [1, 8, 32])
-    requests_per_agent: int = 4
+    requests_per_run: int = 64
     max_tokens: int = 128
     prompt_words: int = 60
     num_slots: int = 32
@@ -84,6 +84,18 @@ def seed_for(agent: int, request: int) -> int:
     return 1000 * agent + request
 
 
+def per_agent(config: BenchConfig, concurrency: int) -> int:
+    return max(2, -(-config.requests_per_run // concurrency))
+
+
+def append_totals(parts) -> tuple[float, float]:
+    """(seconds, count) of the data proxy's durable ATDP appends so far."""
+    registry = parts.proxy.metrics.registry
+    total = registry.get_sample_value("sao_proxy_atdp_append_seconds_sum") or 0.0
+    count = registry.get_sample_value("sao_proxy_atdp_append_seconds_count") or 0.0
+    return total, count
+
+
 def summarize(latencies: list[float], tokens: int, seconds: float) -> dict:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -98,7 +110,7 @@ async def direct_load(worker: Worker, config: BenchConfig, concurrency: int) -> 
 
     async def agent(index: int) -> None:
         nonlocal tokens
-        for r in range(config.requests_per_agent):
+        for r in range(per_agent(config, concurrency)):
             ids = worker.tokenizer.encode_chat(messages_for(index, r, config.prompt_words))
             request = GenerationRequest(tuple(ids), config.max_tokens, seed=seed_for(index, r))
             start = time.perf_counter()
@@ -126,7 +138,7 @@ def http_load(url: str, keys: list[str], model: str, config: BenchConfig, concur
             async def agent(index: int) -> None:
                 nonlocal tokens
                 headers = {"Authorization": f"Bearer {keys[index]}"}
-                for r in range(config.requests_per_agent):
+                for r in range(per_agent(config, concurrency)):
                     body = {
                         "model": model,
                         "messages": messages_for(index, r, config.prompt_words),
@@ -204,17 +216,19 @@ def main(argv: list[str]) -> None:
     worker = Worker(worker_config, served)
     server_config = LocalServerConfig(buffer=str(out / "buffer"), admin_key=ADMIN_KEY)
     start = time.perf_counter()  # the server starts the worker: every shape compiles first
-    server = ServerThread(create_local_server(server_config, worker=worker).app)
+    server_parts = create_local_server(server_config, worker=worker)
+    server = ServerThread(server_parts.app)
     print(f"server up (warm) in {time.perf_counter() - start:.0f} s", flush=True)
     keys = start_sessions(server.url, max(config.concurrency))
     client = multiprocessing.get_context("spawn").Pool(1)  # the load generator's own CPU time
     try:
-        warm = dataclasses.replace(config, requests_per_agent=1)  # first-use costs of both paths
+        warm = dataclasses.replace(config, requests_per_run=1)  # first-use costs of both paths
         for concurrency in config.concurrency:
             asyncio.run(direct_load(worker, warm, concurrency))
             client.apply(http_load, (server.url, keys, served.model_id, warm, concurrency))
         rows = []
         for concurrency in config.concurrency:
+            append_before = append_totals(server_parts)
             direct_rates, http_rates, ratios = [], [], []
             direct_p50, direct_p99, http_p50, http_p99 = [], [], [], []
             for _ in range(config.repeats):
@@ -240,6 +254,9 @@ def main(argv: list[str]) -> None:
                     flush=True,
                 )
             med = statistics.median
+            append_after = append_totals(server_parts)
+            commits = append_after[1] - append_before[1]
+            append_ms = 1e3 * (append_after[0] - append_before[0]) / max(commits, 1)
             added50 = med(h - d for h, d in zip(http_p50, direct_p50, strict=True))
             added99 = med(h - d for h, d in zip(http_p99, direct_p99, strict=True))
             rows.append(
@@ -252,6 +269,7 @@ def main(argv: list[str]) -> None:
                     "direct p50/p99 (ms)": f"{1e3 * med(direct_p50):.0f} / {1e3 * med(direct_p99):.0f}",
                     "HTTP p50/p99 (ms)": f"{1e3 * med(http_p50):.0f} / {1e3 * med(http_p99):.0f}",
                     "added p50/p99 (ms)": f"{1e3 * added50:.1f} / {1e3 * added99:.1f}",
+                    "ATDP append (ms)": f"{append_ms:.1f}",
                 }
             )
     finally:
@@ -262,7 +280,8 @@ def main(argv: list[str]) -> None:
         f"\n{config.preset}: {config.max_tokens} max tokens/request, prompt ~{config.prompt_words} words,"
     )
     print(
-        f"{config.requests_per_agent} requests per agent, {config.num_slots} slots, median of {config.repeats}\n"
+        f"{config.requests_per_run} requests per run, {config.num_slots} slots, "
+        f"median of {config.repeats}\n"
     )
     print(tabulate(rows, headers="keys", tablefmt="github"))
 

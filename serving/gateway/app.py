@@ -211,18 +211,16 @@ async def export(request: web.Request) -> web.StreamResponse:
     if principal.kind == "tenant":
         if tenant is not None and tenant != principal.tenant.name:
             raise ApiError(403, "a tenant key can only export its own tenant", param="tenant")
-        tenants, requested_by = [principal.tenant.name], principal.tenant.name
+        tenant, requested_by = principal.tenant.name, principal.tenant.name
     else:
-        tenants = [tenant] if tenant is not None else gateway.sessions.tenants()
         requested_by = "operator:gateway-admin"
         if tenant is not None:
             gateway.tenants.tenant(tenant)  # 404 for an unknown tenant
     session_id = _optional(body, "session_id", str)
     if session_id is not None:
-        record = owned_session(principal, gateway.sessions, session_id)
-        tenants = [record.tenant]
+        tenant = owned_session(principal, gateway.sessions, session_id).tenant
     lines = gateway.export(
-        tenants,
+        tenant,
         requested_by=requested_by,
         session_id=session_id,
         eligible_only=bool(_optional(body, "eligible_only", bool)),

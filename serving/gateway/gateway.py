@@ -216,13 +216,14 @@ class Gateway:
         return {"session_id": record.session_id, **result}
 
     async def export(
-        self, tenants: list[str], requested_by: str, **kwargs: Any
+        self, tenant: str | None, requested_by: str, **kwargs: Any
     ) -> AsyncIterator[bytes]:
+        """Every data proxy's trajectories of `tenant` (None: all tenants), as JSON lines."""
         for proxy in self.proxies:
-            client = self.proxy_client(proxy)
-            for tenant in tenants:
-                async for data in client.export(tenant, requested_by=requested_by, **kwargs):
-                    yield data
+            async for data in self.proxy_client(proxy).export(
+                tenant, requested_by=requested_by, **kwargs
+            ):
+                yield data
 
     # ------------------------------------------------------------------ workers
 

@@ -134,7 +134,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     proxy = _proxy(request)
     body = await read_json_object(request)
     lines = proxy.export(
-        _field(body, "tenant", str),
+        _field(body, "tenant", str, required=False),
         requested_by=_field(body, "requested_by", str),
         session_id=_field(body, "session_id", str, required=False),
         eligible_only=bool(body.get("eligible_only", False)),

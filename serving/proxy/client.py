@@ -40,7 +40,7 @@ class ProxyClient(Protocol):
         self, session_id: str, tenant: str, *, success: bool | None, info: Mapping[str, Any]
     ) -> dict[str, Any]: ...
 
-    def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]: ...
+    def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]: ...
 
     async def close(self) -> None: ...
 
@@ -68,7 +68,7 @@ class LocalProxyClient:
     async def end_session(self, session_id, tenant, *, success, info):
         return await self.proxy.end_session(session_id, tenant, success=success, info=info)
 
-    def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]:
+    def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         return self.proxy.export(tenant, **kwargs)
 
     async def close(self) -> None:
@@ -162,7 +162,7 @@ class HttpProxyClient:
         body = {"session_id": session_id, "tenant": tenant, "success": success, "info": dict(info)}
         return await self._call("/end", body)
 
-    async def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]:
+    async def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
         body = {"tenant": tenant, **kwargs}
         try:

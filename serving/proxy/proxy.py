@@ -159,7 +159,7 @@ class DataProxy:
             await self.sessions.close(state, outcome)
         return {"trajectory_id": session_id, "ended": True}
 
-    def export(self, tenant: str, **kwargs: Any) -> AsyncIterator[bytes]:
+    def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         return self.sessions.export(tenant, **kwargs)
 
     async def close(self) -> None:

@@ -179,47 +179,48 @@ class SessionBook:
 
     async def export(
         self,
-        tenant: str,
+        tenant: str | None,
         *,
         requested_by: str,
         session_id: str | None = None,
         eligible_only: bool = False,
         include_open: bool = True,
     ) -> AsyncIterator[bytes]:
-        """The tenant's trajectories as atdp_io export JSON lines (audited)."""
-        writer = await self.writer(tenant)  # creates the partition if the tenant is new
-        del writer
-
-        def index():
-            reader = self.store.reader(tenant, principal=tenant, purpose="export")
-            reader.refresh()
-            entries = reader.entries(closed_only=not include_open)
-            if session_id is not None:
-                entries = [e for e in entries if e.trajectory_id == session_id]
-            if eligible_only:
-                policy, now = EligibilityPolicy(), time.time()
-                records = reader.index.records
-                entries = [
-                    e
-                    for e in entries
-                    if not ineligibility_reason(e.governance(), e.redaction(records), now, policy)
-                ]
-            self.store.access.audit(
-                tenant,
-                principal=requested_by,
-                action="export",
-                purpose="export",
-                allowed=True,
-                detail={"trajectories": len(entries), "session_id": session_id},
+        """Trajectories of `tenant` (None: every tenant in the store) as atdp_io export JSON
+        lines; each tenant's export is recorded in its audit log."""
+        tenants = [tenant] if tenant is not None else await self.run(self.store.tenants)
+        for name in tenants:
+            reader, entries = await self.run(
+                self._export_entries, name, requested_by, session_id, eligible_only, include_open
             )
-            return reader, entries
+            for begin in range(0, len(entries), 16):
+                batch = await self.run(reader.read_entries, entries[begin : begin + 16])
+                for trajectory in batch:
+                    line = {"tenant": name, "trajectory": codec.trajectory_to_export(trajectory)}
+                    yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
 
-        reader, entries = await self.run(index)
-        for begin in range(0, len(entries), 16):
-            batch = await self.run(reader.read_entries, entries[begin : begin + 16])
-            for trajectory in batch:
-                line = {"tenant": tenant, "trajectory": codec.trajectory_to_export(trajectory)}
-                yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
+    def _export_entries(self, tenant, requested_by, session_id, eligible_only, include_open):
+        reader = self.store.reader(tenant, principal=tenant, purpose="export")
+        reader.refresh()
+        entries = reader.entries(closed_only=not include_open)
+        if session_id is not None:
+            entries = [e for e in entries if e.trajectory_id == session_id]
+        if eligible_only:
+            policy, now, records = EligibilityPolicy(), time.time(), reader.index.records
+            entries = [
+                e
+                for e in entries
+                if not ineligibility_reason(e.governance(), e.redaction(records), now, policy)
+            ]
+        self.store.access.audit(
+            tenant,
+            principal=requested_by,
+            action="export",
+            purpose="export",
+            allowed=True,
+            detail={"trajectories": len(entries), "session_id": session_id},
+        )
+        return reader, entries
 
     async def shutdown(self) -> None:
         for writer in self._writers.values():

@@ -179,6 +179,8 @@ class Router:
                 return
             health.failures = 0
             health.status = status
+            if name in self._models:  # /v1/models shows the version being served now
+                self._models[name]["policy_version"] = status.get("policy_version")
             health.reported_load = int(status.get("running", 0)) + int(status.get("queued", 0))
             health.placed_since_poll = 0
             health.last_seen = time.time()
