@@ -5,6 +5,7 @@ import dataclasses
 import json
 import time
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -314,8 +315,6 @@ def test_export_streams_atdp_lines(server):
     client_for(thread.url, session["api_key"]).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2
     )
-    import httpx
-
     response = httpx.post(
         thread.url + "/rl/export",
         json={"tenant": "exporter"},
@@ -329,6 +328,14 @@ def test_export_streams_atdp_lines(server):
     assert trajectory.trajectory_id == session["session_id"] and len(llm_events(trajectory)) == 1
     status, _ = api(thread.url, "/rl/export", {"tenant": "exporter"}, session["api_key"])
     assert status == 403
+    everything = httpx.post(
+        thread.url + "/rl/export",
+        json={},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=60,
+    )  # the admin without a tenant: every tenant the data proxy holds
+    tenants = {json.loads(line)["tenant"] for line in everything.text.splitlines()}
+    assert {"exporter", TENANT} <= tenants
 
 
 def test_staleness_capacity_is_a_429_until_the_learner_publishes(tmp_path):
