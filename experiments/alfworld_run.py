@@ -1,0 +1,550 @@
+"""The phases of an ALFWorld RL run (`experiments.alfworld_sao`): build, clone, evaluate, train.
+
+Data flow: every episode (expert demo, critic warm-up rollout, RL rollout) is written to the
+run's ATDP store, one tenant per source, and every batch the learner sees comes back through
+`atdp_io`'s grain loader. Only weights travel the other way, through a `WeightPublisher`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from atdp_io import AtdpStore
+from atdp_io.loader import AtdpLoader, LoaderConfig
+from experiments.alfworld_dagger import relabel_all
+from experiments.alfworld_sao import SPLITS, ExperimentConfig
+from sao_jax.checkpoint import Checkpointer
+from sao_jax.envs.alfworld import vocabulary
+from sao_jax.metrics import (
+    MetricsWriter,
+    ProgressBar,
+    plot_learning_curves,
+    read_metrics,
+    save_summary,
+    summary_table,
+)
+from sao_jax.models import Transformer, get_model_config, init_model, load_hf_qwen3_moe
+from sao_jax.rollout import (
+    EngineConfig,
+    RolloutEngine,
+    Sampler,
+    WeightPublisher,
+    collect_expert_demos,
+    evaluate,
+)
+from sao_jax.tokenizers import Tokenizer, WordTokenizer, load_tokenizer
+from sao_jax.train import BehaviourCloner, Learner, get_algorithm
+from sao_jax.train.loop import OnlineTrainer
+
+DEMOS, DAGGER, WARMUP, ROLLOUTS = "demos", "dagger", "warmup", "rollouts"
+WARM_START_DIR = "warm_start"
+CURVE_KEYS = (
+    "batch/success_rate",
+    "eval/valid_unseen/success",
+    "policy/entropy",
+    "policy/clip_frac",
+    "policy/grad_norm",
+    "critic/explained_variance",
+    "batch/staleness_mean",
+    "bc/nll",
+)
+
+# Samplers keep their compiled kernels; runs in one process (comparisons, resumes, tests) with
+# the same model shape reuse them instead of compiling again.
+_SAMPLERS: dict[tuple, Sampler] = {}
+
+
+def build_tokenizer(config: ExperimentConfig) -> Tokenizer:
+    """The HF checkpoint's tokenizer, or a word-level one over every ALFWorld text."""
+    if config.model.hf_path:
+        return load_tokenizer(Path(config.model.hf_path) / "tokenizer.json")
+    return WordTokenizer.from_texts([" ".join(vocabulary())])
+
+
+def build_model(config: ExperimentConfig, tokenizer: Tokenizer) -> Transformer:
+    """The policy: a HF checkpoint, or the preset with overrides, randomly initialised."""
+    overrides = config.model.overrides()
+    if config.model.hf_path:
+        return load_hf_qwen3_moe(config.model.hf_path, **overrides)
+    model_config = get_model_config(
+        config.model.preset, vocab_size=tokenizer.vocab_size, **overrides
+    )
+    return init_model(model_config, seed=config.seed)
+
+
+def resolve(config: ExperimentConfig) -> ExperimentConfig:
+    """Games and sampling offset by `config.seed` (model init uses it directly); group
+    algorithms (GRPO) play `learner.group_size` rollouts of each game, and at least one group
+    per policy version."""
+    rollout = dataclasses.replace(config.rollout, seed=config.rollout.seed + 1000 * config.seed)
+    rl = config.rl
+    if get_algorithm(config.learner.algorithm).advantage == "group" and rollout.group_size == 1:
+        rollout = dataclasses.replace(rollout, group_size=config.learner.group_size)
+        rl = dataclasses.replace(
+            rl, episodes_per_version=max(rl.episodes_per_version, rollout.group_size)
+        )
+    return dataclasses.replace(
+        config,
+        env=dataclasses.replace(config.env, seed=config.env.seed + 1000 * config.seed),
+        rollout=rollout,
+        rl=rl,
+    )
+
+
+class Run:
+    """What the phases share: config, out dir, store, checkpoints, tokenizer, model, clocks."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = resolve(config)
+        self.out = Path(config.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.store = AtdpStore.open(str(self.out / "atdp"))
+        self.checkpointer = Checkpointer(
+            self.out / "checkpoints", max_to_keep=config.checkpoint_keep
+        )
+        self.tokenizer = build_tokenizer(config)
+        self.policy = build_model(config, self.tokenizer)
+        self.step = 0  # metrics.jsonl step: cloning steps, then learner iterations
+        # seconds per phase, summed over resumed segments; `total` also counts this one
+        self.seconds = {"bc": 0.0, "eval": 0.0, "rl": 0.0, "total": 0.0}
+        self.total_before = 0.0
+        self.began = time.perf_counter()
+        self.evals: dict[str, Any] = {}
+        self.rollout_stats: dict[str, Any] = {}
+        self.timing: dict[str, float] = {}
+        self.data_state: dict | None = None  # the RL stream's position
+
+    def sampler(self, index: int) -> Sampler:
+        """Sampler `index` for this model shape (worker `index`; 0 also evaluates)."""
+        key = (self.policy.config, self.tokenizer.pad_id, index)
+        if key not in _SAMPLERS:
+            _SAMPLERS[key] = Sampler(self.policy, pad_id=self.tokenizer.pad_id)
+        return _SAMPLERS[key]
+
+    def loader(self, tenant: str, *, current_version=lambda: 0, **config) -> AtdpLoader:
+        return AtdpLoader(
+            self.store,
+            [tenant],
+            principal=tenant,
+            config=LoaderConfig(layout=self.config.rollout.layout, **config),
+            current_version=current_version,
+        )
+
+    def engine(self, publisher, writer, *, asynchronous: bool, tenant: str, seed_offset: int):
+        rl = self.config.rl
+        return RolloutEngine(
+            self.policy,
+            self.tokenizer,
+            writer,
+            publisher,
+            rollout=self.config.rollout,
+            env=dataclasses.replace(self.config.env, seed=self.config.env.seed + seed_offset),
+            config=EngineConfig(
+                num_workers=rl.num_workers,
+                envs_per_worker=rl.envs_per_worker,
+                asynchronous=asynchronous,
+                max_staleness=rl.max_staleness,
+                episodes_per_version=rl.episodes_per_version,
+                tenant=tenant,
+            ),
+            samplers=[self.sampler(w) for w in range(rl.num_workers)],
+            # unique per engine: a resumed run's episodes must not reuse earlier ids
+            run_id=f"{tenant}-{self.config.seed}-{seed_offset}-{uuid.uuid4().hex[:8]}",
+        )
+
+
+# -- phases ------------------------------------------------------------------------------------
+
+
+def warm_start(run: Run, log: MetricsWriter) -> None:
+    """Expert demonstrations -> ATDP -> loader -> behaviour cloning -> start evaluation, saved
+    to DIR/warm_start (or all taken from `warm_start.from_run`)."""
+    spec, config = run.config.warm_start, run.config
+    if spec.from_run:
+        with Checkpointer(Path(spec.from_run) / WARM_START_DIR, create=False) as saved:
+            restored = saved.restore({"policy": run.policy})
+        run.policy = restored.items["policy"]
+        run.evals["start"] = restored.metadata["evals"]["start"]
+        return
+    if not config.model.hf_path and spec.steps > 0:
+        start = time.perf_counter()
+        with run.store.writer(DEMOS) as writer:
+            demos = collect_expert_demos(
+                writer,
+                run.tokenizer,
+                num_episodes=spec.demo_episodes,
+                rollout=config.rollout,
+                env=config.env,
+                run_id=f"demos-{config.seed}",
+            )
+        loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+        batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
+        cloner = BehaviourCloner(
+            run.policy,
+            spec.optimizer,
+            load_balance_loss_weight=config.learner.load_balance_loss_weight,
+            router_z_loss_weight=config.learner.router_z_loss_weight,
+        )
+        total = spec.steps + spec.dagger_rounds * spec.dagger_steps
+        bar = ProgressBar(
+            total, desc="behaviour cloning", keys=("nll",), disable=not config.progress
+        )
+
+        def report(step: int, metrics: dict) -> None:
+            run.step += 1
+            log.write(run.step, {f"bc/{k}": v for k, v in metrics.items()})
+            bar.update(metrics=metrics)
+
+        with bar:
+            cloner.run(batches, spec.steps, report)
+            for round_index in range(spec.dagger_rounds):
+                dagger_round(run, log, cloner, round_index, report)
+        run.policy = cloner.policy_module()
+        run.seconds["bc"] += time.perf_counter() - start
+        log.write(run.step, {"demos/episodes": demos["episodes"], "demos/won": demos["won"]})
+    evaluate_policy(run, log, run.policy, 0, "start")
+    with Checkpointer(run.out / WARM_START_DIR, max_to_keep=1, async_save=False) as saved:
+        saved.save(0, {"policy": run.policy}, metadata={"evals": {"start": run.evals["start"]}})
+
+
+def dagger_round(run: Run, log: MetricsWriter, cloner: BehaviourCloner, index: int, report) -> None:
+    """The cloned policy plays (sampling), the expert relabels its turns into the demos tenant,
+    and cloning continues on everything there."""
+    spec, config = run.config.warm_start, run.config
+    publisher = WeightPublisher()
+    publisher.publish(cloner.policy_module(), index)
+    with run.store.writer(DAGGER) as writer:
+        engine = run.engine(
+            publisher, writer, asynchronous=False, tenant=DAGGER, seed_offset=700 + index
+        )
+        stats = engine.generate(spec.dagger_episodes)
+    reader = run.store.reader(DAGGER, principal=DAGGER)
+    reader.refresh()
+    played = [reader.read(i) for i in reader.trajectory_ids() if i.startswith(engine.run_id)]
+    relabelled = relabel_all(
+        played,
+        run.tokenizer,
+        think=config.rollout.think,
+        max_new_tokens=config.rollout.max_new_tokens,
+        tenant=DEMOS,
+    )
+    with run.store.writer(DEMOS) as writer:
+        writer.append(relabelled)
+    log.write(
+        run.step,
+        {
+            "dagger/round": index + 1,
+            "dagger/episodes": stats["episodes"],
+            "dagger/success": stats["success_rate"],
+            "dagger/relabelled_turns": sum(len(t.llm_events()) for t in relabelled),
+        },
+    )
+    loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+    batches = iter(loader.epoch(seed=config.seed + index + 1, num_epochs=None))
+    cloner.run(batches, spec.dagger_steps, report)
+
+
+def evaluate_policy(
+    run: Run, log: MetricsWriter, policy, version: int, tag: str, splits=SPLITS
+) -> dict:
+    """Greedy success on each split (overall and per task type), logged at the current step.
+
+    Uses worker 0's sampler, so it must not run while the engine plays (see `rl_evaluator`).
+    """
+    sampler = run.sampler(0)
+    sampler.update_weights(policy, version)
+    return _evaluate(run, log, sampler, tag, splits)
+
+
+def _evaluate(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, splits) -> dict:
+    start = time.perf_counter()
+    results = {}
+    for split in splits:
+        result = evaluate(
+            sampler,
+            run.tokenizer,
+            split=split,
+            num_games=run.config.eval.num_games,
+            num_envs=run.config.eval.num_envs,
+            rollout=run.config.rollout,
+            env=run.config.env,
+        )
+        log.write(run.step, result.metrics())
+        results[split] = {
+            "success": result.success_rate,
+            "episodes": result.episodes,
+            "avg_steps": result.avg_steps,
+            "invalid_reply_rate": result.invalid_reply_rate,
+            "by_task_type": {
+                t: row["success_rate"] for t, row in result.by_task_type.items() if row["episodes"]
+            },
+        }
+    run.seconds["eval"] += time.perf_counter() - start
+    run.evals[tag] = results
+    return results
+
+
+def critic_warmup(run: Run, log: MetricsWriter, learner: Learner, publisher) -> None:
+    """Critic-only iterations on rollouts of the starting policy, played synchronously (the
+    policy version cannot advance while only the critic trains, so an asynchronous engine's
+    admission would stall)."""
+    rl, config = run.config.rl, run.config
+    if not learner.in_warmup:
+        return
+    with run.store.writer(WARMUP) as writer:
+        engine = run.engine(publisher, writer, asynchronous=False, tenant=WARMUP, seed_offset=500)
+        stats = engine.generate(rl.warmup_episodes)
+    log.write(
+        run.step, {"warmup/episodes": stats["episodes"], "warmup/success": stats["success_rate"]}
+    )
+    loader = run.loader(WARMUP, rows=rl.rows, seq_len=rl.seq_len)
+    batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
+    while learner.in_warmup:
+        metrics = learner.iteration(next(batches))
+        run.step += 1
+        log.write(run.step, metrics)
+
+
+def checkpoint(run: Run, learner: Learner, trainer: OnlineTrainer | None, *, phase: str) -> None:
+    """Learner + run progress; the id is the global step (or the next free id at a phase end)."""
+    run.seconds["total"] = run.total_before + time.perf_counter() - run.began
+    if trainer is not None:
+        run.data_state = trainer.data_state()
+    metadata = {
+        "phase": phase,
+        "global_step": run.step,
+        "seconds": run.seconds,
+        "evals": run.evals,
+        "data": run.data_state,
+        "rollout_stats": _scalars(run.rollout_stats),
+    }
+    latest = run.checkpointer.latest_step()
+    step = run.step if latest is None or run.step > latest else latest + 1
+    learner.save(run.checkpointer, step, metadata=metadata, force=True)
+
+
+def restore(run: Run, learner: Learner) -> dict | None:
+    """The latest checkpoint into `learner` and the run's counters; None when there is none."""
+    if run.checkpointer.latest_step() is None:
+        return None
+    meta = learner.restore(run.checkpointer).metadata
+    run.step = int(meta["global_step"])
+    run.seconds.update(meta.get("seconds", {}))
+    run.total_before = run.seconds["total"]
+    run.evals = dict(meta.get("evals", {}))
+    run.rollout_stats = dict(meta.get("rollout_stats") or {})
+    run.data_state = meta.get("data")
+    return meta
+
+
+def budget_left(run: Run, learner: Learner) -> bool:
+    """Whether RL has policy steps (and environment steps) left to take."""
+    rl = run.config.rl
+    env_steps = int(run.rollout_stats.get("env_steps", 0))
+    return learner.policy_version < rl.policy_steps and not (
+        rl.env_steps and env_steps >= rl.env_steps
+    )
+
+
+def reinforcement_learning(
+    run: Run, log: MetricsWriter, learner: Learner, publisher, data_state: dict | None
+) -> None:
+    """The online phase: engine -> ATDP -> loader stream -> learner -> publisher."""
+    config, rl = run.config, run.config.rl
+    start, rl_before = time.perf_counter(), run.seconds["rl"]
+    steps_before = int(run.rollout_stats.get("env_steps", 0))
+    episodes_before = int(run.rollout_stats.get("episodes", 0))
+    writer = run.store.writer(ROLLOUTS)
+    engine = run.engine(
+        publisher, writer, asynchronous=rl.asynchronous, tenant=ROLLOUTS, seed_offset=0
+    )
+    loader = run.loader(
+        ROLLOUTS,
+        rows=rl.rows,
+        seq_len=rl.seq_len,
+        max_staleness=rl.max_staleness,
+        current_version=lambda: learner.policy_version,
+    )
+    trainer = OnlineTrainer(
+        learner,
+        loader,
+        publisher,
+        engine,
+        asynchronous=rl.asynchronous,
+        episodes_per_round=rl.episodes_per_version,
+        idle_timeout_s=rl.idle_timeout_s,
+    )
+    if data_state:
+        trainer.set_data_state(data_state)
+    evaluator = _PeriodicEval(run, log)
+    bar = ProgressBar(
+        rl.policy_steps,
+        desc=f"RL ({learner.algorithm.label})",
+        keys=("batch/success_rate", "policy/clip_frac", "critic/explained_variance"),
+        initial=learner.policy_version,
+        disable=not config.progress,
+    )
+    last_checkpoint = learner.policy_version
+
+    def on_iteration(metrics: dict) -> bool:
+        nonlocal last_checkpoint
+        run.step += 1
+        stats = engine.stats()
+        run.rollout_stats = dict(
+            stats,
+            env_steps=steps_before + stats["env_steps"],
+            episodes=episodes_before + stats["episodes"],
+        )
+        metrics.update(
+            {
+                "rollout/episodes": run.rollout_stats["episodes"],
+                "rollout/env_steps": run.rollout_stats["env_steps"],
+                "rollout/success_rate": stats["success_rate"],
+                "rollout/dropped_stale": stats["dropped_stale"],
+                "rollout/invalid_reply_rate": stats["invalid_reply_rate"],
+            }
+        )
+        log.write(run.step, metrics)
+        bar.update(learner.policy_version - bar.n, metrics=metrics)
+        evaluator.maybe(learner)
+        if learner.policy_version - last_checkpoint >= config.checkpoint_every:
+            run.seconds["rl"] = rl_before + time.perf_counter() - start
+            checkpoint(run, learner, trainer, phase="rl")
+            last_checkpoint = learner.policy_version
+        return bool(rl.env_steps) and run.rollout_stats["env_steps"] >= rl.env_steps
+
+    try:
+        trainer.run(rl.policy_steps, on_iteration)
+    finally:
+        bar.close()
+        writer.close()
+    run.seconds["rl"] = rl_before + time.perf_counter() - start
+    run.timing = dict(trainer.timing)
+    checkpoint(run, learner, trainer, phase="rl_done")
+
+
+class _PeriodicEval:
+    """valid_unseen every `eval.every_policy_steps` during RL, on its own sampler (worker 0's
+    is busy playing)."""
+
+    def __init__(self, run: Run, log: MetricsWriter):
+        self.run, self.log = run, log
+        self.every = run.config.eval.every_policy_steps
+        self.done: set[int] = set()
+
+    def maybe(self, learner: Learner) -> None:
+        version = learner.policy_version
+        if not self.every or version % self.every or version in self.done or learner.in_warmup:
+            return
+        self.done.add(version)
+        sampler = self.run.sampler(-1)
+        sampler.update_weights(learner.policy_module(), version)
+        _evaluate(self.run, self.log, sampler, f"policy_step_{version}", ("valid_unseen",))
+
+
+def summarize(run: Run, learner: Learner) -> dict:
+    """summary.json: success before / after RL (overall, per task type), budget, timings."""
+    start, end = run.evals.get("start", {}), run.evals.get("end", {})
+    stats = run.rollout_stats
+
+    def success(tag: dict, split: str):
+        return tag.get(split, {}).get("success")
+
+    return {
+        "algorithm": learner.algorithm.name,
+        "asynchronous": run.config.rl.asynchronous,
+        "seed": run.config.seed,
+        "unseen_success_start": success(start, "valid_unseen"),
+        "unseen_success_end": success(end, "valid_unseen"),
+        "seen_success_start": success(start, "valid_seen"),
+        "seen_success_end": success(end, "valid_seen"),
+        "policy_steps": learner.policy_version,
+        "critic_steps": learner.counters.critic_steps,
+        "skipped_policy_steps": learner.counters.skipped_policy_steps,
+        "rl_episodes": stats.get("episodes", 0),
+        "rl_env_steps": stats.get("env_steps", 0),
+        "rl_dropped_stale": stats.get("dropped_stale", 0),
+        "bc_seconds": run.seconds["bc"],
+        "eval_seconds": run.seconds["eval"],
+        "rl_seconds": run.seconds["rl"],
+        "wall_seconds": run.seconds["total"],
+        "by_task_type": {
+            f"{split}_{tag}": run.evals.get(tag, {}).get(split, {}).get("by_task_type", {})
+            for tag in ("start", "end")
+            for split in SPLITS
+        },
+        "rl_timing": run.timing,
+    }
+
+
+def print_summary(summary: dict) -> None:
+    """Success per split and task type before / after RL, then the run's scalars."""
+    rows = []
+    for split, name in (("valid_seen", "seen"), ("valid_unseen", "unseen")):
+        before = summary["by_task_type"].get(f"{split}_start", {})
+        after = summary["by_task_type"].get(f"{split}_end", {})
+        rows.append(
+            {
+                "split": split,
+                "task type": "all",
+                "start": summary[f"{name}_success_start"],
+                "end": summary[f"{name}_success_end"],
+            }
+        )
+        for task_type in sorted(set(before) | set(after)):
+            rows.append(
+                {
+                    "split": split,
+                    "task type": task_type,
+                    "start": before.get(task_type),
+                    "end": after.get(task_type),
+                }
+            )
+    print(summary_table(rows, floatfmt=".3f"))
+    print(summary_table({k: v for k, v in summary.items() if not isinstance(v, dict)}))
+
+
+def run(config: ExperimentConfig) -> dict:
+    """Run (or resume) the experiment; returns the summary also written to DIR/summary.json."""
+    state = Run(config)
+    learner = Learner(state.config.learner, state.policy)
+    meta = restore(state, learner) if config.resume else None
+    with MetricsWriter(
+        state.out,
+        tensorboard=config.tensorboard,
+        # a resume without a checkpoint starts over: drop the records of the earlier attempt
+        resume_from_step=state.step if config.resume else None,
+    ) as log:
+        if meta is None:
+            warm_start(state, log)
+            learner = Learner(state.config.learner, state.policy)
+        elif meta["phase"] != "rl" and budget_left(state, learner):
+            meta["phase"] = "rl"  # a finished run resumed with a larger budget
+            state.evals.pop("end", None)
+        if meta is None or meta["phase"] == "rl":
+            publisher = WeightPublisher()
+            publisher.publish(learner.policy_module(copy=False), learner.policy_version)
+            if meta is None:
+                critic_warmup(state, log, learner, publisher)
+                checkpoint(state, learner, None, phase="rl")
+            reinforcement_learning(state, log, learner, publisher, state.data_state)
+        if "end" not in state.evals:
+            evaluate_policy(state, log, learner.policy_module(), learner.policy_version, "end")
+        checkpoint(state, learner, None, phase="done")
+    state.checkpointer.wait_until_finished()
+    state.checkpointer.close()
+    summary = summarize(state, learner)
+    save_summary(state.out, summary)
+    records = read_metrics(state.out)
+    keys = [k for k in CURVE_KEYS if any(isinstance(r.get(k), int | float) for r in records)]
+    plot_learning_curves(records, state.out / "learning_curve.png", keys=keys, title=str(state.out))
+    print_summary(summary)
+    return summary
+
+
+def _scalars(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if isinstance(v, int | float)}

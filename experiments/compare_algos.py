@@ -1,0 +1,178 @@
+"""SAO against GRPO, GRPO+DIS and PPO on ALFWorld: same warm start, same environment steps.
+
+    python -m experiments.compare_algos                               # tiny runs, 2 seeds
+    python -m experiments.compare_algos seeds=[0,1,2] env_steps=6000 --out runs/compare
+    python -m experiments.compare_algos "run_overrides=[rl.asynchronous=false]"
+
+For each seed the first algorithm's run clones the expert and evaluates the cloned policy; every
+other algorithm of that seed starts from that same policy and evaluation (`warm_start.from_run`).
+Every run stops after `env_steps` environment steps of RL rollouts. Outputs in DIR: one run
+directory per (algorithm, seed), `comparison.json`, a table on the terminal (mean and spread over
+seeds) and `comparison.png` (rollout success and stability signals, seed-averaged per algorithm).
+Finished runs are reused when the command is repeated with `--resume`. The algorithm list takes
+any name registered in `sao_jax.train.ALGORITHMS` (a SEED variant, once registered, too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sao_jax.config_cli import apply_overrides, parse_cli
+
+PLOT_KEYS = (
+    "batch/success_rate",
+    "rollout/success_rate",
+    "policy/clip_frac",
+    "critic/explained_variance",
+    "policy/entropy",
+    "policy/grad_norm",
+)
+# End-of-run stability signals: means over the last quarter of each run's iterations.
+TAIL_KEYS = ("policy/clip_frac", "critic/explained_variance", "policy/entropy", "policy/grad_norm")
+
+
+@dataclasses.dataclass
+class CompareConfig:
+    """A comparison of RL algorithms on ALFWorld.
+
+    Attributes:
+      out_dir: comparison directory (default: runs/compare_algos/<timestamp>).
+      resume: reuse finished runs in out_dir and resume unfinished ones.
+      preset: `experiments.alfworld_sao` preset every run starts from.
+      algorithms: registered algorithm names, in run order.
+      seeds: seeds; each seed's runs share one warm start.
+      env_steps: RL environment steps per run (the common budget).
+      max_policy_steps: a cap on policy steps per run (the budget normally ends a run first).
+      run_overrides: key=value overrides applied to every run's config.
+    """
+
+    out_dir: str = ""
+    resume: bool = False
+    preset: str = "tiny"
+    algorithms: tuple[str, ...] = ("sao", "grpo", "grpo_dis", "ppo")
+    seeds: tuple[int, ...] = (0, 1)
+    env_steps: int = 3000
+    max_policy_steps: int = 10_000
+    run_overrides: tuple[str, ...] = ()
+
+
+def run_config(config: CompareConfig, algorithm: str, seed: int, warm_start_from: str | None):
+    """The `ExperimentConfig` of one run of the comparison."""
+    from experiments.alfworld_sao import PRESETS
+
+    overrides = [
+        f"out_dir={Path(config.out_dir) / f'{algorithm}-seed{seed}'}",
+        f"seed={seed}",
+        f"learner.algorithm={algorithm}",
+        f"rl.env_steps={config.env_steps}",
+        f"rl.policy_steps={config.max_policy_steps}",
+        f"resume={str(config.resume).lower()}",
+        *config.run_overrides,
+    ]
+    if warm_start_from is not None:
+        overrides.append(f"warm_start.from_run={warm_start_from}")
+    return apply_overrides(PRESETS[config.preset], overrides)
+
+
+def _tail_means(records: list[dict], keys=TAIL_KEYS) -> dict[str, float]:
+    rl = [r for r in records if r.get("phase") == 1.0]
+    tail = rl[-max(1, len(rl) // 4) :]
+    out = {}
+    for key in keys:
+        values = [r[key] for r in tail if isinstance(r.get(key), int | float)]
+        if values:
+            out[key] = float(np.mean(values))
+    return out
+
+
+def _seed_averaged(runs: list[list[dict]], keys=PLOT_KEYS) -> list[dict]:
+    """Records averaged over seeds, aligned on the learner iteration index within RL."""
+    per_run = [[r for r in records if r.get("phase") == 1.0] for records in runs]
+    length = min((len(r) for r in per_run), default=0)
+    averaged = []
+    for i in range(length):
+        row = {"step": i + 1}
+        for key in keys:
+            values = [r[i][key] for r in per_run if isinstance(r[i].get(key), int | float)]
+            if values:
+                row[key] = float(np.mean(values))
+        averaged.append(row)
+    return averaged
+
+
+def compare(config: CompareConfig) -> dict:
+    """Run every (algorithm, seed), then write the table and the plot; returns the results."""
+    from experiments.alfworld_run import run
+    from sao_jax.metrics import plot_learning_curves, read_metrics, summary_table
+    from sao_jax.train import get_algorithm
+
+    labels = {name: get_algorithm(name).label for name in config.algorithms}  # validates names
+    out = Path(config.out_dir)
+    results: dict[str, list[dict]] = {name: [] for name in config.algorithms}
+    records: dict[str, list[list[dict]]] = {name: [] for name in config.algorithms}
+    for seed in config.seeds:
+        warm_start_from = None
+        for algorithm in config.algorithms:
+            run_dir = out / f"{algorithm}-seed{seed}"
+            if config.resume and (run_dir / "summary.json").is_file():
+                summary = json.loads((run_dir / "summary.json").read_text())
+            else:
+                summary = run(run_config(config, algorithm, seed, warm_start_from))
+            warm_start_from = warm_start_from or str(run_dir)
+            history = read_metrics(run_dir)
+            summary = dict(summary, **_tail_means(history))
+            results[algorithm].append(summary)
+            records[algorithm].append(history)
+
+    rows = []
+    for algorithm, summaries in results.items():
+        row = {"algorithm": labels[algorithm], "seeds": len(summaries)}
+        for key in ("unseen_success_start", "unseen_success_end", "seen_success_end"):
+            values = np.asarray([s[key] for s in summaries], float)
+            row[key] = f"{values.mean():.3f} ± {values.std():.3f}"
+        gain = np.asarray(
+            [s["unseen_success_end"] - s["unseen_success_start"] for s in summaries], float
+        )
+        row["unseen_gain"] = f"{gain.mean():+.3f} ± {gain.std():.3f}"
+        for key in ("policy_steps", "rl_env_steps", "rl_seconds"):
+            row[key] = float(np.mean([s[key] for s in summaries]))
+        for key in TAIL_KEYS:
+            values = [s[key] for s in summaries if key in s]
+            row[key.split("/")[-1]] = float(np.mean(values)) if values else None
+        rows.append(row)
+    table = summary_table(rows, floatfmt=".3g")
+    print(table)
+    (out / "comparison.txt").write_text(table + "\n")
+    (out / "comparison.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
+    curves = {labels[a]: _seed_averaged(r) for a, r in records.items()}
+    curves = {label: recs for label, recs in curves.items() if recs}
+    keys = [k for k in PLOT_KEYS if any(k in rec for recs in curves.values() for rec in recs)]
+    if curves and keys:
+        plot_learning_curves(
+            curves, out / "comparison.png", keys=keys, title="seed-averaged, per RL iteration"
+        )
+    return {"rows": rows, "runs": results}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a == "--out" or a.startswith("--out=") for a in argv):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        argv = ["--out", str(Path("runs/compare_algos") / stamp), *argv]
+    config = parse_cli(
+        argv,
+        {"default": CompareConfig()},
+        prog="python -m experiments.compare_algos",
+        description=__doc__.split("\n")[0],
+    )
+    return compare(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""DAgger relabeling: the expert's reply to each prompt, in the state the recorded commands led to."""
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+from atdp_io import AtdpStore, EventKind
+from experiments.alfworld_dagger import relabel_all, relabel_with_expert
+from sao_jax.envs.alfworld import AlfworldEnv, vocabulary
+from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos
+from sao_jax.tokenizers import WordTokenizer
+
+
+@functools.cache
+def tokenizer():
+    return WordTokenizer.from_texts([" ".join(vocabulary())])
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    store = AtdpStore.open(str(tmp_path_factory.mktemp("atdp")))
+    with store.writer("demos") as writer:
+        collect_expert_demos(
+            writer,
+            tokenizer(),
+            num_episodes=4,
+            rollout=RolloutConfig(max_new_tokens=12, max_context_tokens=512),
+            env=EnvConfig(size="small", max_steps=20),
+        )
+    reader = store.reader("demos", principal="demos")
+    reader.refresh()
+    trajectories = [reader.read(i) for i in reader.trajectory_ids()]
+    assert len(trajectories) == 4
+    return trajectories
+
+
+def outputs(trajectory):
+    return [e.llm.output_ids.tolist() for e in trajectory.events if e.kind == EventKind.LLM_CALL]
+
+
+def test_the_expert_relabels_its_own_demonstration_identically(demos):
+    for demo in demos:
+        relabelled = relabel_with_expert(
+            demo, tokenizer(), think=False, max_new_tokens=12, tenant="relabelled"
+        )
+        assert outputs(relabelled) == outputs(demo)
+        assert relabelled.header.governance.tenant == "relabelled"
+        assert relabelled.trajectory_id == f"{demo.trajectory_id}-relabel"
+        assert relabelled.header.task["source"] == "expert_relabel"
+        prompts = [e.llm.input_ids for e in relabelled.events if e.kind == EventKind.LLM_CALL]
+        originals = [e.llm.input_ids for e in demo.events if e.kind == EventKind.LLM_CALL]
+        assert all(np.array_equal(a, b) for a, b in zip(prompts, originals, strict=True))
+        # relabelled turns carry no reward (they are cloning targets, not RL samples)
+        assert all(not e.rewards for e in relabelled.events)
+
+
+def test_relabels_follow_the_recorded_commands_not_the_expert(demos):
+    demo = demos[0]
+    # The policy wasted its first step on `look` (no state change): the expert's answer to the
+    # second prompt is the first move of its plan again, not the demo's second move.
+    events = list(demo.events)
+    steps = [i for i, e in enumerate(events) if e.kind == EventKind.ENV_STEP]
+    first_step = events[steps[0]]
+    events[steps[0]] = dataclasses.replace(
+        first_step, action=dataclasses.replace(first_step.action, text="look")
+    )
+    detoured = dataclasses.replace(demo, events=tuple(events))
+    relabelled = relabel_with_expert(detoured, tokenizer(), think=False, max_new_tokens=12)
+    want = outputs(demo)
+    got = outputs(relabelled)
+    assert got[0] == want[0] and got[1] == want[0] != want[1]
+
+    task = demo.header.task
+    env = AlfworldEnv(task["split"], size=task["size"], max_steps=task["max_steps"])
+    env.reset(task["index"])
+    assert tokenizer().decode(got[0], skip_special_tokens=True) == (
+        f"<action>{env.expert_action()}</action>"
+    )
+
+
+def test_relabel_all_skips_what_cannot_be_relabelled(demos):
+    too_short = relabel_all(demos, tokenizer(), think=False, max_new_tokens=2)
+    assert too_short == []
+    assert len(relabel_all(demos, tokenizer(), think=False, max_new_tokens=12)) == len(demos)

@@ -1,0 +1,105 @@
+"""`python -m experiments.alfworld_sao` end to end (micro preset), --resume, bad overrides, and
+`python -m experiments.compare_algos` on two algorithms."""
+
+import json
+
+import pytest
+
+from experiments import alfworld_sao, compare_algos
+from sao_jax.metrics import read_metrics
+
+# The micro preset, smaller still: the smoke run is about the plumbing, not the learning.
+MICRO = [
+    "--config",
+    "micro",
+    "progress=false",
+    "tensorboard=false",
+    "eval.num_games=2",
+    "warm_start.demo_episodes=4",
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    summary = alfworld_sao.main([*MICRO, "--out", str(out)])
+    return out, summary
+
+
+@pytest.mark.slow
+def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
+    out, summary = finished_run
+    saved = json.loads((out / "summary.json").read_text())
+    for key in (
+        "unseen_success_start",
+        "unseen_success_end",
+        "seen_success_end",
+        "policy_steps",
+        "wall_seconds",
+    ):
+        assert key in saved and saved[key] is not None, key
+    assert saved["policy_steps"] == summary["policy_steps"] == 2
+    assert saved["by_task_type"]["valid_unseen_end"]  # per task type numbers
+    records = read_metrics(out)
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and steps[0] == 1
+    assert any("bc/nll" in r for r in records)
+    assert any("eval/valid_unseen/success" in r for r in records)
+    rl = [r for r in records if r.get("phase") == 1.0]
+    assert len(rl) >= 2 and all("policy/clip_frac" in r and "critic/loss" in r for r in rl)
+    assert any(r.get("phase") == 0.0 for r in records)  # the critic warm-up ran first
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+    assert (out / "config.yaml").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert (out / "atdp" / "tenants" / "rollouts").is_dir()
+
+
+@pytest.mark.slow
+def test_resume_continues_the_run_to_more_policy_steps(finished_run):
+    out, first = finished_run
+    before = read_metrics(out)
+    summary = alfworld_sao.main(["--out", str(out), "--resume", "rl.policy_steps=3"])
+    assert summary["policy_steps"] == 3
+    assert summary["unseen_success_start"] == first["unseen_success_start"]  # not re-evaluated
+    after = read_metrics(out)
+    assert after[: len(before) - 1] == before[: len(before) - 1]
+    assert not any("bc/nll" in r for r in after[len(before) :])  # no second warm start
+    versions = [r["policy_version"] for r in after if "policy_version" in r]
+    assert versions[-1] == 3.0
+
+
+def test_bad_overrides_exit_with_a_message_naming_the_key(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        alfworld_sao.main(["--out", str(tmp_path), "learner.critic_stepz=3"])
+    assert exit_info.value.code == 2
+    assert "learner.critic_stepz" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alfworld_sao.main(["--out", str(tmp_path), "learner.algorithm=sa0"])
+    assert "unknown algorithm 'sa0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alfworld_sao.main(["--out", str(tmp_path), "rl.rows=many"])
+    assert "rl.rows" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path):
+    result = compare_algos.main(
+        [
+            "--out",
+            str(tmp_path),
+            "preset=micro",
+            "algorithms=[sao,grpo]",
+            "seeds=[0]",
+            "env_steps=8",
+            "run_overrides=[progress=false,tensorboard=false,eval.num_games=2,"
+            "warm_start.demo_episodes=4]",
+        ]
+    )
+    rows = {row["algorithm"]: row for row in result["rows"]}
+    assert set(rows) == {"SAO", "GRPO"}
+    sao, grpo = result["runs"]["sao"][0], result["runs"]["grpo"][0]
+    assert sao["unseen_success_start"] == grpo["unseen_success_start"]  # one warm start
+    assert sao["rl_env_steps"] >= 8 and grpo["rl_env_steps"] >= 8
+    assert not (tmp_path / "grpo-seed0" / "warm_start").exists()
+    assert (tmp_path / "comparison.png").stat().st_size > 10_000
+    assert "GRPO" in (tmp_path / "comparison.txt").read_text()
