@@ -94,6 +94,7 @@ class MoeBlock(nnx.Module):
     """Softmax router over E experts, top-k, optional top-k renormalisation, SwiGLU experts."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        get_dispatch(config.moe_dispatch)  # fail before allocating anything
         self.router = dense(config, config.d_model, config.num_experts, ("embed", None), rngs=rngs)
         self.experts = Experts(config, rngs=rngs)
         self.num_experts = config.num_experts
@@ -102,7 +103,6 @@ class MoeBlock(nnx.Module):
         self.capacity_factor = config.capacity_factor
         self.dispatch_name = config.moe_dispatch
         self.dtype = config.compute_dtype
-        get_dispatch(config.moe_dispatch)  # fail at construction, not at first call
 
     def __call__(self, x: jax.Array, valid: jax.Array) -> tuple[jax.Array, MoeStats]:
         """x [B, T, D], valid [B, T] bool -> ([B, T, D], MoeStats)."""

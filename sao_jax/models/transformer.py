@@ -27,6 +27,7 @@ from sao_jax.models.layers import (
 )
 from sao_jax.models.logprobs import chunked_token_logprobs
 from sao_jax.models.moe import MoeAux, MoeBlock, MoeStats
+from sao_jax.models.moe_dispatch import get_dispatch
 from sao_jax.sharding import LogicalRules, init_sharded, one_off_compiler_options, shard
 
 
@@ -72,6 +73,8 @@ class Backbone(nnx.Module):
     """Embedding, decoder layers and final norm: everything but the output head."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        if config.num_experts:
+            get_dispatch(config.moe_dispatch)  # an unknown dispatch fails before any allocation
         self.config = config
         self.embed = Embed(config, rngs=rngs)
         self.layers = nnx.List(
