@@ -47,8 +47,9 @@ class RolloutConfig:
     think: ask for `<think>` reasoning before `<action>` (off for small models).
     win_reward, invalid_reply_penalty: reward on the winning step; added on a malformed reply.
     max_new_tokens: reply length cap (the stop token counts).
-    max_context_tokens: KV-cache positions per slot: a turn's input + reply must fit (the cap
-      of a whole concat episode); at most the model's `max_seq_len`.
+    max_context_tokens: KV-cache positions per slot: a turn's input + `max_new_tokens` must
+      fit (the cap of a whole concat episode), so every loader row fits a `seq_len` of this
+      size; at most the model's `max_seq_len`.
     temperature, top_k, top_p: decoding (temperature 0 is greedy); log-probs are recorded at
       temperature 1 whatever these are.
     group_size: G plays of each game, started together and written together (GRPO groups).
@@ -308,7 +309,7 @@ class AgentLoop:
         env = self.envs[b]
         observation, info = env.reset(index)
         ids = self.prompts.first(info["task"], observation, info["admissible_commands"])
-        if len(ids) + self.config.max_new_tokens - 1 > self.config.max_context_tokens:
+        if len(ids) + self.config.max_new_tokens > self.config.max_context_tokens:
             raise ValueError(
                 f"game {index}: the first prompt has {len(ids)} tokens; with max_new_tokens="
                 f"{self.config.max_new_tokens} it does not fit max_context_tokens="
@@ -430,7 +431,7 @@ class AgentLoop:
             admissible=info["admissible_commands"],
             history=slot.history,
         )
-        if len(next_ids) + config.max_new_tokens - 1 > config.max_context_tokens:
+        if len(next_ids) + config.max_new_tokens > config.max_context_tokens:
             return self._episode(slot, "context")
         if config.layout == "concat":
             slot.continuation = next_ids[len(slot.input_ids) + len(slot.out_ids) :]

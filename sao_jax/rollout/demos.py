@@ -86,7 +86,7 @@ def _play_expert(
     input_ids = builder.first(info["task"], observation, info["admissible_commands"])
     turns, history, truncated_by = [], [], "step_limit"
     while True:
-        if len(input_ids) + rollout.max_new_tokens - 1 > rollout.max_context_tokens:
+        if len(input_ids) + rollout.max_new_tokens > rollout.max_context_tokens:
             truncated_by = "context"
             break
         command = env.expert_action()

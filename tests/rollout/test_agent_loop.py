@@ -114,7 +114,7 @@ def test_concat_prefix_property_single_row_and_truncation(tmp_path, monkeypatch)
             assert appended.endswith("<|im_end|>\n<|im_start|>assistant\n")
         assert episode.truncated_by == "context" and 1 < episode.steps < 40
         last = episode.turns[-1]
-        assert last.input_ids.shape[0] + config.max_new_tokens - 1 <= config.max_context_tokens
+        assert last.input_ids.shape[0] + config.max_new_tokens <= config.max_context_tokens
         outcome = episode.to_trajectory(tenant="alfworld").outcome
         assert outcome.terminated is False and outcome.info["truncated_by"] == "context"
     store = write(tmp_path, episodes)
