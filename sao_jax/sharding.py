@@ -176,13 +176,25 @@ def named_sharding(
 def shard(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Constrain activation `x` to its logical sharding; identity when no mesh is set.
 
-    Use inside jitted code under `jax.set_mesh(mesh)`.
+    Use inside jitted code under `jax.set_mesh(mesh)`. Inside a `jax.shard_map` body (manual
+    axes, e.g. the expert-parallel dispatch) only the axes left Auto are constrained.
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or len(logical_axes) != x.ndim:
+    if mesh.empty or len(logical_axes) != x.ndim or not mesh.auto_axes:
         return x
     spec = _fit_spec(logical_to_spec(logical_axes), x.shape, mesh)
+    if mesh.manual_axes:
+        spec = _without_axes(spec, set(mesh.manual_axes))
     return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _without_axes(spec: PartitionSpec, dropped: set[str]) -> PartitionSpec:
+    entries = []
+    for entry in spec:
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept = tuple(a for a in axes if a not in dropped)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*entries)
 
 
 def state_shardings(

@@ -2,6 +2,7 @@
 
 from sao_jax.models.config import ModelConfig, get_model_config, preset_names
 from sao_jax.models.critic import Critic
+from sao_jax.models.expert_parallel import expert_parallel  # registers "expert_parallel"
 from sao_jax.models.hf_qwen3_moe import (
     config_from_hf,
     config_to_hf,
@@ -27,6 +28,7 @@ __all__ = [
     "config_from_hf",
     "config_to_hf",
     "expert_capacity",
+    "expert_parallel",
     "get_dispatch",
     "get_model_config",
     "init_model",
