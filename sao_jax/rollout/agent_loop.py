@@ -71,7 +71,7 @@ class RolloutConfig:
     top_k: int = 0
     top_p: float = 1.0
     group_size: int = 1
-    decode_chunk: int = 8
+    decode_chunk: int = 4
     refill: str = "continuous"
     seed: int = 0
     model_id: str = "sao_jax-policy"
