@@ -1,0 +1,288 @@
+"""Start an experiment on every host of a Cloud TPU VM slice (or several), or dry-run its memory.
+
+    python -m experiments.launch_tpu --topology v5p-64 --tpu my-pod --zone us-east5-a \\
+        --bucket gs://my-bucket/runs/sao1 --model qwen3-30b-a3b --dry-run
+    python -m experiments.launch_tpu --topology v5p-64 --tpu my-pod --zone us-east5-a \\
+        --bucket gs://my-bucket/runs/sao1 --config small            # print the commands
+    ... --run                                                       # and execute them
+
+Prints the gcloud commands that create the slice(s), install the repository on every host and
+start `python -m <experiment>` on every host at once (`--worker=all`). JAX finds its peers on
+a TPU VM by itself (`sao_jax.distributed.initialize`; multi-slice jobs created as queued
+resources carry the `MEGASCALE_*` settings). The mesh comes from the topology's preset
+(`--ici` / `--dcn` override axis sizes, -1 = the rest); the ATDP buffer (TensorStore) and
+orbax checkpoints live under `--bucket` on Cloud Storage, metrics on process 0's disk.
+
+`--dry-run` builds the model config abstractly on this CPU and prints the per-device memory of
+parameters, optimizer state, KV cache and activations on that mesh; a plan that does not fit
+the chip's HBM is refused (exit status 1) with the term that dominates and the excess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+from sao_jax.distributed.mesh import HybridMeshConfig
+from sao_jax.distributed.topology import Topology, mesh_preset, parse_topology
+from sao_jax.sharding import MESH_AXES, MeshConfig
+
+# Runs one step's commands at once (one per slice: they must start together) -> exit status.
+Runner = Callable[[Sequence[list[str]]], int]
+
+
+def parse_axes(text: str, base: MeshConfig) -> MeshConfig:
+    """ "fsdp=-1,expert=8" applied to `base`; a clear error for a bad axis or size."""
+    changes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in MESH_AXES:
+            raise ValueError(f"unknown mesh axis {name!r} in {text!r}; axes are {MESH_AXES}")
+        try:
+            changes[name] = int(value)
+        except ValueError:
+            raise ValueError(f"mesh axis {name} needs an integer size, got {value!r}") from None
+    return dataclasses.replace(base, **changes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.launch_tpu",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--topology", required=True, help="one slice, e.g. v5p-64, v6e-16")
+    parser.add_argument("--slices", type=int, default=1, help="slices (multi-slice over DCN)")
+    parser.add_argument("--tpu", default="sao-tpu", help="TPU VM (or queued resource) name")
+    parser.add_argument("--zone", default="us-east5-a")
+    parser.add_argument("--project", default=None, help="gcloud project (default: gcloud's)")
+    parser.add_argument("--bucket", default="gs://YOUR_BUCKET/sao_jax/run", help="gs:// prefix")
+    parser.add_argument("--experiment", default="experiments.alfworld_sao", help="module to run")
+    parser.add_argument("--config", default="small", help="the experiment's preset")
+    parser.add_argument("--model", default=None, help="model preset for --dry-run (default: "
+                        "the experiment preset's)")  # fmt: skip
+    parser.add_argument("--ici", default="", help="within-slice axis sizes, e.g. expert=4")
+    parser.add_argument("--dcn", default="", help="across-slice axis sizes, e.g. data=-1")
+    parser.add_argument("--repo", default="~/sao_jax", help="repository path on the hosts")
+    parser.add_argument("--git-url", default="https://github.com/YOUR_ORG/sao_jax.git")
+    parser.add_argument("--dry-run", action="store_true", help="memory plan only")
+    parser.add_argument("--run", action="store_true", help="execute install + start")
+    parser.add_argument("--create", action="store_true", help="with --run: also create")
+    memory = parser.add_argument_group("dry-run workload (global sizes)")
+    memory.add_argument("--train-rows", type=int, default=64)
+    memory.add_argument("--seq-len", type=int, default=1024)
+    memory.add_argument("--rollout-slots", type=int, default=256)
+    memory.add_argument("--context", type=int, default=4096)
+    memory.add_argument("--remat", choices=("none", "full"), default="none")
+    memory.add_argument(
+        "--rollout-chips",
+        type=int,
+        default=0,
+        help="disaggregated: chips per host that sample (0: rollout shares the training chips)",
+    )
+    parser.add_argument("overrides", nargs="*", help="experiment overrides, e.g. rl.rows=256")
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What to start where: resolved from the command line."""
+
+    topology: Topology
+    mesh: HybridMeshConfig
+    tpu: str
+    zone: str
+    project: str | None
+    bucket: str
+    experiment: str
+    config: str
+    repo: str
+    git_url: str
+    overrides: tuple[str, ...]
+
+    def node_names(self) -> list[str]:
+        """One TPU VM per slice (queued-resource nodes are `<name>-<i>`)."""
+        if self.topology.num_slices == 1:
+            return [self.tpu]
+        return [f"{self.tpu}-{i}" for i in range(self.topology.num_slices)]
+
+    def _gcloud(self, *words: str) -> list[str]:
+        project = ["--project", self.project] if self.project else []
+        return ["gcloud", "compute", "tpus", *words, "--zone", self.zone, *project]
+
+    def create_commands(self) -> list[list[str]]:
+        accelerator = self.topology.name
+        version = self.topology.generation.runtime_version
+        if self.topology.num_slices == 1:
+            create = self._gcloud("tpu-vm", "create", self.tpu)
+            return [[*create, "--accelerator-type", accelerator, "--version", version]]
+        create = self._gcloud("queued-resources", "create", self.tpu)
+        slices = ["--node-count", str(self.topology.num_slices), "--node-prefix", self.tpu]
+        return [[*create, *slices, "--accelerator-type", accelerator, "--runtime-version", version]]
+
+    def _ssh_all(self, node: str, command: str) -> list[str]:
+        return [*self._gcloud("tpu-vm", "ssh", node), "--worker=all", "--command", command]
+
+    def install_commands(self) -> list[list[str]]:
+        repo = self.repo
+        script = (
+            f"(test -d {repo} || git clone {shlex.quote(self.git_url)} {repo}) && cd {repo} && "
+            'pip install -q -e . && pip install -q "jax[tpu]" gcsfs'
+        )
+        return [self._ssh_all(node, script) for node in self.node_names()]
+
+    def experiment_args(self) -> list[str]:
+        """Arguments of the experiment's command line: preset, paths, mesh, user overrides."""
+        mesh = []
+        for part, config in (("ici", self.mesh.ici), ("dcn", self.mesh.dcn)):
+            mesh += [f"mesh.{part}.{axis}={getattr(config, axis)}" for axis in MESH_AXES]
+        bucket = self.bucket.rstrip("/")
+        return [
+            "--config", self.config, "--out", "/tmp/sao_jax_run",
+            f"atdp_path={bucket}/atdp", f"checkpoint_dir={bucket}/checkpoints",
+            *mesh, *self.overrides,
+        ]  # fmt: skip
+
+    def start_commands(self) -> list[list[str]]:
+        run = " ".join(
+            [f"cd {self.repo} &&", "python", "-m", self.experiment]
+            + [shlex.quote(a) for a in self.experiment_args()]
+        )
+        return [self._ssh_all(node, run) for node in self.node_names()]
+
+
+def resolve(args: argparse.Namespace) -> Launch:
+    if not args.bucket.startswith("gs://"):
+        raise ValueError(f"--bucket must be a gs:// path (shared by every host), got {args.bucket}")
+    topology = parse_topology(args.topology, args.slices)
+    preset = mesh_preset(topology, num_experts=_model_config(args).num_experts)
+    mesh = HybridMeshConfig(
+        ici=parse_axes(args.ici, preset.ici), dcn=parse_axes(args.dcn, preset.dcn)
+    )
+    mesh.resolve(topology.chips, topology.num_slices)  # fail here, not on the pod
+    return Launch(
+        topology, mesh, args.tpu, args.zone, args.project, args.bucket, args.experiment,
+        args.config, args.repo, args.git_url, tuple(args.overrides),
+    )  # fmt: skip
+
+
+def _model_config(args: argparse.Namespace):
+    """The model preset (`--model`, else the experiment preset's), vocabulary as the preset's."""
+    from sao_jax.models import get_model_config
+
+    if args.model:
+        return get_model_config(args.model)
+    from experiments.alfworld_sao import PRESETS
+
+    if args.config not in PRESETS:
+        raise ValueError(f"unknown experiment preset {args.config!r}; pass --model PRESET")
+    spec = PRESETS[args.config].model
+    return get_model_config(spec.preset, **spec.overrides())
+
+
+def dry_run(launch: Launch, args: argparse.Namespace) -> int:
+    """Print the memory plan; 0 if it fits, 1 (with the reason) if not."""
+    from sao_jax.distributed.memory import Workload, abstract_params, plan_memory
+
+    config = _model_config(args)
+    topology = launch.topology
+    workload = Workload(
+        train_rows=args.train_rows,
+        seq_len=args.seq_len,
+        rollout_slots=args.rollout_slots,
+        context=args.context,
+        remat=args.remat,
+    )
+    train_mesh, rollout_mesh = _dry_run_meshes(launch, args.rollout_chips)
+    plans = plan_memory(
+        config,
+        train_mesh,
+        workload,
+        hbm_bytes=topology.hbm_bytes,
+        rollout_mesh=rollout_mesh,
+    )
+    n_params = sum(math.prod(leaf.shape) for leaf in abstract_params(config))
+    print(
+        f"{topology.name} x {topology.num_slices} slice(s): {topology.chips} chips on "
+        f"{topology.hosts} hosts, {topology.generation.hbm_gib:g} GiB HBM per chip; model "
+        f"{args.model or args.config}: {n_params / 1e9:.2f} B parameters ({config.param_dtype})"
+    )
+    for plan in plans:
+        print(plan.table())
+    refusals = [plan.refusal() for plan in plans if not plan.fits]
+    for reason in refusals:
+        print(f"refused: {reason}", file=sys.stderr)
+    return 1 if refusals else 0
+
+
+def _dry_run_meshes(launch: Launch, rollout_chips: int):
+    """Axis sizes of the training mesh and (disaggregated) of the rollout mesh."""
+    topology = launch.topology
+    if not rollout_chips:
+        return launch.mesh.resolve(topology.chips, topology.num_slices), None
+    chips_per_host = topology.chips_per_slice // topology.hosts_per_slice
+    if not 0 < rollout_chips < chips_per_host:
+        raise ValueError(
+            f"--rollout-chips must leave training chips on each {chips_per_host}-chip host"
+        )
+    train_chips = (chips_per_host - rollout_chips) * topology.hosts
+    train = launch.mesh.resolve(train_chips, topology.num_slices)
+    # Decoding: tensor parallel over a host's rollout chips, data parallel across hosts.
+    rollout = MeshConfig(data=-1, fsdp=1, expert=1, tensor=rollout_chips)
+    sizes = rollout.resolve(rollout_chips * topology.hosts)
+    return train, dict(zip(MESH_AXES, sizes, strict=True))
+
+
+def render(commands: Sequence[list[str]]) -> str:
+    return "\n".join(shlex.join(c) for c in commands)
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
+    """Print (and with --run execute through `runner`, default subprocess) the launch."""
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        launch = resolve(args)
+        if args.dry_run:
+            return dry_run(launch, args)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+    sizes = launch.mesh.resolve(launch.topology.chips, launch.topology.num_slices)
+    print(
+        f"# {launch.topology.name} x {launch.topology.num_slices} slice(s): "
+        f"{launch.topology.chips} chips, {launch.topology.hosts} hosts; mesh "
+        + " ".join(f"{k}={v}" for k, v in sizes.items())
+    )
+    steps = [
+        ("create the slice(s) (once)", launch.create_commands()),
+        ("install on every host", launch.install_commands()),
+        ("start on every host at once", launch.start_commands()),
+    ]
+    for title, commands in steps:
+        print(f"# {title}\n{render(commands)}")
+    if not args.run:
+        return 0
+    runner = runner or run_together
+    for title, commands in steps if args.create else steps[1:]:
+        print(f"# running: {title}", flush=True)
+        code = runner(commands)
+        if code:
+            print(f"error: {title} exited with status {code}", file=sys.stderr)
+            return code
+    return 0
+
+
+def run_together(commands: Sequence[list[str]]) -> int:
+    """Start every command, wait for all; the first non-zero exit status (or 0)."""
+    processes = [subprocess.Popen(command) for command in commands]
+    codes = [process.wait() for process in processes]
+    return next((code for code in codes if code), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Scale-out: multi-process start-up, meshes across processes and slices, disaggregated
+rollout / training meshes with weight resharding, TPU topologies and the memory dry-run."""
+
+from sao_jax.distributed.mesh import (
+    HybridMeshConfig,
+    describe_mesh,
+    granules,
+    make_global_mesh,
+)
+from sao_jax.distributed.resharding import (
+    DisaggregatedMeshes,
+    disaggregated_meshes,
+    layout,
+    reshard,
+    rollout_shardings,
+    split_devices,
+    transfer_method,
+)
+from sao_jax.distributed.runtime import (
+    DistributedConfig,
+    ProcessInfo,
+    add_flags,
+    barrier,
+    initialization_mode,
+    initialize,
+    is_coordinator,
+    on_cloud_tpu_vm,
+    process_info,
+    shutdown,
+    split_flags,
+)
+
+__all__ = [
+    "DisaggregatedMeshes",
+    "DistributedConfig",
+    "HybridMeshConfig",
+    "ProcessInfo",
+    "add_flags",
+    "barrier",
+    "describe_mesh",
+    "disaggregated_meshes",
+    "granules",
+    "initialization_mode",
+    "initialize",
+    "is_coordinator",
+    "layout",
+    "make_global_mesh",
+    "on_cloud_tpu_vm",
+    "process_info",
+    "reshard",
+    "rollout_shardings",
+    "shutdown",
+    "split_devices",
+    "split_flags",
+    "transfer_method",
+]
