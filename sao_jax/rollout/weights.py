@@ -10,9 +10,9 @@ once the next step runs. `publish` therefore stores its own device copy (`jax.de
 with `may_alias=False`), optionally placed straight onto the rollout mesh's shardings; the
 learner may donate its buffers as soon as `publish` returns.
 
-On a pod, rollout workers are other hosts: the same interface sits in front of a transfer
-(the rollout mesh's `shardings` here; a cross-slice `device_put` or a weight server there),
-and the version is what workers compare.
+With `shardings` of another mesh (disaggregated rollout), the copy is resharded there by
+`sao_jax.distributed.reshard`: a device-to-device `device_put` within a process or over the
+same devices, else through host memory across hosts. The version is what workers compare.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from sao_jax.distributed.resharding import reshard
 from sao_jax.rollout.sampler import Sampler
 
 
@@ -76,7 +77,10 @@ class WeightPublisher:
         if version <= current:
             raise ValueError(f"version {version} is not newer than the published {current}")
         # Block until the copy exists: the caller may donate the originals right after.
-        copy = jax.block_until_ready(jax.device_put(params, self._shardings, may_alias=False))
+        if self._shardings is None:
+            copy = jax.block_until_ready(jax.device_put(params, may_alias=False))
+        else:  # another mesh, possibly across hosts (sao_jax.distributed.resharding)
+            copy = reshard(params, self._shardings)
         snapshot = WeightSnapshot(copy, version, time.time())
         with self._cond:
             if version <= self.version:  # a concurrent publish won the race

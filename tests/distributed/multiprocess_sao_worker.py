@@ -40,6 +40,7 @@ from sao_jax.distributed import (
 )
 from sao_jax.metrics import MetricsWriter
 from sao_jax.models import init_model
+from sao_jax.rollout import WeightPublisher
 from sao_jax.sharding import MeshConfig, make_mesh
 from sao_jax.train.learner import Learner
 
@@ -110,8 +111,12 @@ def main(store_dir: str, out_dir: str) -> None:
     same_devices = make_mesh(MeshConfig(data=2, fsdp=1, expert=1, tensor=2))
     second_of_each = [d for d in jax.devices() if d.id % 2]
     subset = make_mesh(MeshConfig(data=2, fsdp=1, expert=1, tensor=1), second_of_each)
+    publisher = WeightPublisher(shardings=rollout_shardings(policy, subset))
     for name, target in (("same_devices", same_devices), ("other_devices", subset)):
-        moved = reshard(policy, rollout_shardings(policy, target))
+        if name == "same_devices":
+            moved = reshard(policy, rollout_shardings(policy, target))
+        else:  # publication to the rollout mesh (what a learner does after its step)
+            moved = publisher.publish(policy, learner.policy_version).params
         values = gathered(moved)
         checks[f"reshard_{name}"] = all(
             np.array_equal(values[k], trained["policy"][k]) for k in values
