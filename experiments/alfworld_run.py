@@ -188,6 +188,7 @@ def warm_start(run: Run, log: MetricsWriter) -> None:
             spec.optimizer,
             load_balance_loss_weight=config.learner.load_balance_loss_weight,
             router_z_loss_weight=config.learner.router_z_loss_weight,
+            context_weight=spec.context_weight,
         )
         total = spec.steps + spec.dagger_rounds * spec.dagger_steps
         bar = ProgressBar(

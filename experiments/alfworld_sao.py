@@ -80,6 +80,8 @@ class WarmStartSpec:
       rows: rows per cloning batch.
       seq_len: tokens per row.
       optimizer: AdamW of the cloning phase.
+      context_weight: weight of the NLL of prompt / observation tokens during cloning (a small
+        model from scratch learns to read and copy the prompt much sooner with it).
       dagger_rounds: DAgger rounds after cloning: the cloned policy plays, the expert relabels
         every turn it played, and cloning continues on demos + relabelled turns.
       dagger_episodes: episodes the policy plays per DAgger round.
@@ -96,6 +98,7 @@ class WarmStartSpec:
     optimizer: OptimizerConfig = dataclasses.field(
         default_factory=lambda: OptimizerConfig(learning_rate=3e-3, warmup_steps=20)
     )
+    context_weight: float = 1.0
     dagger_rounds: int = 0
     dagger_episodes: int = 64
     dagger_steps: int = 100

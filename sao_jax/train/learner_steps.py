@@ -137,7 +137,12 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             else:
                 lam = jnp.full(valid.shape, config.policy_lam, jnp.float32)
             advantages, _ = adv_lib.linked_gae(**link, lam=lam)
-            _, returns = adv_lib.linked_gae(**link, lam=config.critic_lam)
+            if config.critic_lam == 1.0:
+                # lambda = 1 returns are the discounted reward-to-go whatever V is; computing
+                # them without V keeps them exact (A + V would carry V's rounding).
+                _, returns = adv_lib.linked_gae(**dict(link, values=jnp.zeros_like(values)))
+            else:
+                _, returns = adv_lib.linked_gae(**link, lam=config.critic_lam)
             if config.normalize_advantages:
                 advantages = adv_lib.whiten(advantages, mask)
             out.update(values=values, returns=returns)

@@ -125,16 +125,27 @@ def behaviour_cloning_loss(
     load_balance_weight: float,
     z_weight: float,
     chunk_size: int,
+    context_weight: float = 0.0,
 ) -> tuple[jax.Array, Metrics]:
-    """Mean NLL of the action tokens (SFT on demonstrations) plus the MoE aux loss."""
+    """Mean NLL of the action tokens (SFT on demonstrations) plus the MoE aux loss.
+
+    `context_weight` > 0 adds that weight times the mean NLL of the other real tokens (prompts,
+    observations, admissible-command lists): a language-modelling signal on every token that
+    teaches a small model from scratch to read and copy the prompt far sooner than the few
+    action tokens alone.
+    """
     mask = action_mask(batch)
     logp, entropy, aux = policy_logprobs(policy, batch, chunk_size=chunk_size)
     nll = -masked_token_mean(logp, mask)
+    context = (batch["segment_ids"] > 0).astype(jnp.float32).at[:, 0].set(0.0) * (1.0 - mask)
+    context_nll = -masked_token_mean(logp, context)
     metrics = {
         "nll": nll,
+        "context_nll": context_nll,
         "entropy": masked_token_mean(entropy, mask),
         "num_tokens": jnp.sum(mask),
         "load_balance_loss": aux.load_balance_loss,
         "router_z_loss": aux.router_z_loss,
     }
-    return nll + aux_loss(aux, load_balance_weight, z_weight), metrics
+    loss = nll + context_weight * context_nll + aux_loss(aux, load_balance_weight, z_weight)
+    return loss, metrics

@@ -33,6 +33,8 @@ class BehaviourCloner:
       optimizer: learning rate etc. of the cloning phase.
       trainable: regexes of parameters that train (default: all).
       load_balance_loss_weight, router_z_loss_weight: MoE aux loss weights.
+      context_weight: weight of the NLL of non-action tokens (0: actions only), see
+        `objectives.behaviour_cloning_loss`.
       mesh, rules: optional device mesh and logical-axis rules.
     """
 
@@ -45,6 +47,7 @@ class BehaviourCloner:
         load_balance_loss_weight: float = 1e-3,
         router_z_loss_weight: float = 1e-3,
         chunk_size: int = 256,
+        context_weight: float = 0.0,
         mesh: jax.sharding.Mesh | None = None,
         rules: LogicalRules | None = None,
     ):
@@ -60,6 +63,7 @@ class BehaviourCloner:
         self._weights = {
             "load_balance_weight": load_balance_loss_weight,
             "z_weight": router_z_loss_weight,
+            "context_weight": context_weight,
         }
         self._chunk_size = chunk_size
         # Everything the compiled step depends on: cloners of one setup share executables.
