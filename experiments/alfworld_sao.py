@@ -189,9 +189,9 @@ class ExperimentConfig:
 
 
 def tiny() -> ExperimentConfig:
-    """The 2-core CPU demo: the tiny MoE preset with 4 experts on small games.
+    """The 2-core CPU demo: the tiny MoE preset with 4 experts on small games, ~20 minutes.
 
-    Cloning 2000 expert episodes, one DAgger round, then 60 policy steps of RL.
+    Clone 2000 expert episodes (300 steps), then 50 policy steps of asynchronous SAO.
     """
     return ExperimentConfig(
         model=ModelSpec(
@@ -205,26 +205,18 @@ def tiny() -> ExperimentConfig:
         ),
         env=EnvConfig(size="small", max_steps=20),
         learner=LearnerConfig(
-            policy_optimizer=OptimizerConfig(learning_rate=3e-4),
+            policy_optimizer=OptimizerConfig(learning_rate=1e-4),
             critic_optimizer=OptimizerConfig(learning_rate=1e-3),
-            critic_warmup_steps=4,
+            critic_warmup_steps=6,
         ),
-        warm_start=WarmStartSpec(
-            demo_episodes=2000,
-            steps=400,
-            rows=32,
-            seq_len=256,
-            dagger_rounds=1,
-            dagger_episodes=96,
-            dagger_steps=100,
-        ),
+        warm_start=WarmStartSpec(demo_episodes=2000, steps=300, rows=32, seq_len=256),
         rl=RLSpec(
-            policy_steps=60,
+            policy_steps=50,
             envs_per_worker=16,
-            episodes_per_version=4,
-            rows=64,
+            episodes_per_version=6,
+            rows=128,
             seq_len=256,
-            warmup_episodes=16,
+            warmup_episodes=32,
         ),
         eval=EvalSpec(num_envs=64),
     )
@@ -256,7 +248,8 @@ def micro() -> ExperimentConfig:
         env=EnvConfig(size="small", max_steps=4),
         learner=dataclasses.replace(config.learner, critic_warmup_steps=1),
         warm_start=dataclasses.replace(
-            config.warm_start, demo_episodes=8, steps=2, rows=16, dagger_episodes=2, dagger_steps=1
+            config.warm_start, demo_episodes=8, steps=2, rows=16, dagger_rounds=1, dagger_episodes=2,
+            dagger_steps=1,
         ),
         rl=dataclasses.replace(
             config.rl, policy_steps=2, envs_per_worker=4, episodes_per_version=2, rows=16,

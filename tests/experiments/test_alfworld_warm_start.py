@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from atdp_io import AtdpStore, EventKind
-from experiments.alfworld_dagger import relabel_all, relabel_with_expert
+from experiments.alfworld_warm_start import relabel_all, relabel_with_expert
 from sao_jax.envs.alfworld import AlfworldEnv, vocabulary
 from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos
 from sao_jax.tokenizers import WordTokenizer

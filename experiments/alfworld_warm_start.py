@@ -1,0 +1,207 @@
+"""The warm start of an ALFWorld run: expert demonstrations, behaviour cloning, DAgger.
+
+A tiny model starts from random weights and never wins by chance, so it first clones the expert.
+ALFWorld's expert reads the true game state, so plain demonstrations never show a wrong room, a
+closed receptacle that holds nothing, or a command that failed; a cloned policy that strays
+there has never seen what to do next and loops. DAgger (Ross et al., 2011) fixes this: the
+cloned policy plays, and each of its turns is written again with the expert's reply to that same
+prompt. Everything goes through ATDP: demonstrations and the policy's episodes are written to the
+run's buffer, each game is replayed from `header.task` with the recorded commands (our engine is
+deterministic), relabelled turns are written back, and cloning reads it all through the loader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from atdp_io import DecodingParams, Event, EventKind, LLMCall, Trajectory, TrajectoryHeader
+from sao_jax.envs.alfworld import AlfworldEnv
+from sao_jax.metrics import MetricsWriter, ProgressBar
+from sao_jax.rollout import WeightPublisher, collect_expert_demos, expert_reply
+from sao_jax.tokenizers import Tokenizer
+from sao_jax.tokenizers.chat_template import IM_END
+from sao_jax.train import BehaviourCloner
+
+if TYPE_CHECKING:
+    from experiments.alfworld_run import Run
+
+DEMOS, DAGGER = "demos", "dagger"
+EXPERT_MODEL_ID = "alfworld-expert-relabel"
+
+
+def relabel_with_expert(
+    trajectory: Trajectory,
+    tokenizer: Tokenizer,
+    *,
+    think: bool,
+    max_new_tokens: int,
+    tenant: str | None = None,
+) -> Trajectory | None:
+    """The episode with every LLM call's output replaced by the expert's reply to its prompt.
+
+    The game is rebuilt from `header.task` and stepped with the recorded commands, so each turn
+    is relabelled in exactly the state the policy saw. Turns after the game is won (none) and
+    expert replies longer than `max_new_tokens` end the relabelled episode. `tenant`: the
+    partition the result is written to (its governance names it). Returns None when no turn
+    could be relabelled.
+    """
+    task = trajectory.header.task
+    env = AlfworldEnv(
+        task["split"], size=task["size"], phrasing=task["phrasing"], max_steps=task["max_steps"]
+    )
+    env.reset(task["index"])
+    im_end = tokenizer.token_to_id(IM_END)
+    decoding = DecodingParams(temperature=0.0, extra={"logprobs": "absent", "policy": "expert"})
+    events: list[Event] = []
+    for event in trajectory.events:
+        if event.kind == EventKind.LLM_CALL:
+            command = env.expert_action()
+            if command is None:
+                break
+            ids = np.asarray([*tokenizer.encode(expert_reply(command, think=think)), im_end])
+            if ids.shape[0] > max_new_tokens:
+                break
+            call = LLMCall(
+                model_id=EXPERT_MODEL_ID,
+                policy_version=0,
+                input_ids=event.llm.input_ids,
+                output_ids=ids.astype(np.int32),
+                output_logprobs=np.zeros(ids.shape, np.float32),
+                decoding=decoding,
+                prompt_template_fingerprint=event.llm.prompt_template_fingerprint,
+                finish_reason="stop",
+            )
+            events.append(dataclasses.replace(event, llm=call))
+        elif event.kind == EventKind.ENV_STEP:
+            # the policy's own command moves the game on: the next prompt is the one it saw
+            _, _, done, _ = env.step(event.action.text if event.action else "")
+            events.append(dataclasses.replace(event, rewards=()))
+            if done:
+                break
+    if not any(e.kind == EventKind.LLM_CALL for e in events):
+        return None
+    governance = trajectory.header.governance
+    if tenant is not None:
+        governance = dataclasses.replace(governance, tenant=tenant)
+    header = TrajectoryHeader(
+        trajectory_id=f"{trajectory.trajectory_id}-relabel",
+        governance=governance,
+        created_at=trajectory.header.created_at,
+        session_id=trajectory.header.session_id,
+        task={**task, "source": "expert_relabel"},
+        envelope=trajectory.header.envelope,
+    )
+    return Trajectory(header, tuple(events), trajectory.outcome)
+
+
+def relabel_all(
+    trajectories: Iterable[Trajectory],
+    tokenizer: Tokenizer,
+    *,
+    think: bool,
+    max_new_tokens: int,
+    tenant: str | None = None,
+) -> list[Trajectory]:
+    """`relabel_with_expert` over many episodes (those with nothing to relabel are skipped)."""
+    out = []
+    for trajectory in trajectories:
+        relabelled = relabel_with_expert(
+            trajectory, tokenizer, think=think, max_new_tokens=max_new_tokens, tenant=tenant
+        )
+        if relabelled is not None:
+            out.append(relabelled)
+    return out
+
+
+# -- the phase ----------------------------------------------------------------------------------
+
+
+def clone_expert(run: Run, log: MetricsWriter) -> None:
+    """Expert demonstrations -> ATDP -> loader -> behaviour cloning (+ DAgger rounds); the
+    cloned policy replaces `run.policy`. Nothing to do with a HF checkpoint or 0 steps."""
+    spec, config = run.config.warm_start, run.config
+    if not config.model.hf_path and spec.steps > 0:
+        start = time.perf_counter()
+        with run.store.writer(DEMOS) as writer:
+            demos = collect_expert_demos(
+                writer,
+                run.tokenizer,
+                num_episodes=spec.demo_episodes,
+                rollout=config.rollout,
+                env=config.env,
+                run_id=f"demos-{config.seed}",
+            )
+        loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+        batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
+        cloner = BehaviourCloner(
+            run.policy,
+            spec.optimizer,
+            load_balance_loss_weight=config.learner.load_balance_loss_weight,
+            router_z_loss_weight=config.learner.router_z_loss_weight,
+            context_weight=spec.context_weight,
+        )
+        total = spec.steps + spec.dagger_rounds * spec.dagger_steps
+        bar = ProgressBar(
+            total, desc="behaviour cloning", keys=("nll",), disable=not config.progress
+        )
+
+        def report(step: int, metrics: dict) -> None:
+            run.step += 1
+            log.write(run.step, {f"bc/{k}": v for k, v in metrics.items()})
+            bar.update(metrics=metrics)
+
+        with bar:
+            cloner.run(batches, spec.steps, report)
+            for round_index in range(spec.dagger_rounds):
+                dagger_round(run, log, cloner, round_index, report)
+        run.policy = cloner.policy_module()
+        run.seconds["bc"] += time.perf_counter() - start
+        log.write(run.step, {"demos/episodes": demos["episodes"], "demos/won": demos["won"]})
+
+
+def dagger_round(
+    run: Run,
+    log: MetricsWriter,
+    cloner: BehaviourCloner,
+    index: int,
+    report: Callable[[int, dict], None],
+) -> None:
+    """The cloned policy plays (sampling), the expert relabels its turns into the demos tenant,
+    and cloning continues on everything there."""
+    spec, config = run.config.warm_start, run.config
+    publisher = WeightPublisher()
+    publisher.publish(cloner.policy_module(), index)
+    with run.store.writer(DAGGER) as writer:
+        engine = run.engine(
+            publisher, writer, asynchronous=False, tenant=DAGGER, seed_offset=700 + index
+        )
+        stats = engine.generate(spec.dagger_episodes)
+    reader = run.store.reader(DAGGER, principal=DAGGER)
+    reader.refresh()
+    played = [reader.read(i) for i in reader.trajectory_ids() if i.startswith(engine.run_id)]
+    relabelled = relabel_all(
+        played,
+        run.tokenizer,
+        think=config.rollout.think,
+        max_new_tokens=config.rollout.max_new_tokens,
+        tenant=DEMOS,
+    )
+    with run.store.writer(DEMOS) as writer:
+        writer.append(relabelled)
+    log.write(
+        run.step,
+        {
+            "dagger/round": index + 1,
+            "dagger/episodes": stats["episodes"],
+            "dagger/success": stats["success_rate"],
+            "dagger/relabelled_turns": sum(len(t.llm_events()) for t in relabelled),
+        },
+    )
+    loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+    batches = iter(loader.epoch(seed=config.seed + index + 1, num_epochs=None))
+    cloner.run(batches, spec.dagger_steps, report)
