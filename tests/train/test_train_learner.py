@@ -278,3 +278,31 @@ def test_bad_configs_and_batches_are_named():
     learner = Learner(config(algorithm="grpo"), tiny_policy())
     with pytest.raises(ValueError, match=r"batch lacks .*'rollout_logp'"):
         learner.iteration({"tokens": np.zeros((2, 4), np.int32)})
+
+
+def test_sao_makes_rewarded_windowed_replies_likelier_and_penalised_ones_rarer(tmp_path):
+    # End to end through the loader's windowed rows (reward on the last turn's row only), linked
+    # GAE, DIS and Adam: a sign error anywhere on that path moves the log-probs the wrong way.
+    episodes = [
+        episode(f"w{i}", seed=i, concat=False, reward=1.0 if i % 2 == 0 else -1.0) for i in range(4)
+    ]
+    batch = first_batch(write_store(tmp_path, episodes), rows=12, seq_len=24, layout="windowed")
+    assert len(np.unique(batch["traj_index"][batch["traj_index"] >= 0])) == 4
+    learner = Learner(config(), tiny_policy())
+    on_policy = dict(batch, rollout_logp=learner.policy_logprobs(batch))
+    start = on_policy["rollout_logp"]
+    for _ in range(3):
+        learner.iteration(on_policy)
+    moved = learner.policy_logprobs(batch) - start
+    rows_return = np.asarray(
+        [float(batch["rewards"][batch["traj_index"] == k].sum()) for k in batch["traj_index"]]
+    )
+    mask = (batch["loss_mask"] > 0) & (batch["traj_index"] >= 0)[:, None]
+    mask[:, 0] = False
+    rewarded, penalised = mask & (rows_return > 0)[:, None], mask & (rows_return < 0)[:, None]
+    assert rewarded.any() and penalised.any()
+    # every turn of a trajectory moves, not only the rewarded last one (GAE links the rows)
+    first_turns = batch["turn_index"] == 0
+    assert moved[rewarded & first_turns[:, None]].mean() > 0
+    assert moved[penalised & first_turns[:, None]].mean() < 0
+    assert moved[rewarded].mean() > 0 > moved[penalised].mean()
