@@ -230,7 +230,11 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse(argv)
     from experiments.online_run import run  # heavy imports once the command line is valid
 
-    return run(config)
+    try:
+        return run(config)
+    except KeyboardInterrupt:  # the agent and the server are already stopped
+        print(f"interrupted; resume with --out {config.out_dir} --resume", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -213,7 +213,9 @@ class AgentFleet:
             return
         code = self.process.returncode
         if code == 0:
-            raise AgentFinished(f"the agent finished its {self.config.episodes} episodes")
+            raise AgentFinished(
+                "the agent stopped (exit status 0): its episode budget, or a signal"
+            )
         tail = self.stderr_path.read_text(errors="replace")[-2000:]
         raise AgentError(f"the agent process exited with status {code}:\n{tail}")
 

@@ -1,0 +1,169 @@
+"""`python -m experiments.online_sao` end to end: a live server, the ALFWorld agent as a real
+subprocess speaking the `openai` client, the SAO learner on the proxy's buffer, weights back to
+the worker. Then: what the proxy recorded is what the agent saw and what the learner trains on."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atdp_io import AtdpStore, EventKind
+from atdp_io.rows import pack_batch, trajectory_rows
+from experiments import online_sao
+from experiments.alfworld_run import WARM_START_DIR, build_model, build_tokenizer
+from experiments.online_agent import AgentConfig
+from experiments.online_serving import AgentError, AgentFleet
+from sao_jax.checkpoint import Checkpointer
+from sao_jax.metrics import read_metrics
+from sao_jax.train import Learner
+
+REPO = Path(__file__).resolve().parents[2]
+# The micro preset without cloning steps: the run is about the plumbing, not the learning.
+MICRO = ["--config", "micro", "progress=false", "tensorboard=false", "warm_start.steps=0"]
+
+
+@pytest.fixture(scope="module")
+def online_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("online")
+    summary = online_sao.main([*MICRO, "--out", str(out)])
+    return out, summary
+
+
+@pytest.fixture(scope="module")
+def agent_episodes(online_run):
+    out, _ = online_run
+    lines = (out / "agent" / "episodes.jsonl").read_text().splitlines()
+    return {e["trajectory_id"]: e for e in map(json.loads, lines)}
+
+
+@pytest.mark.slow
+def test_online_run_trains_on_served_data_and_serves_the_new_weights(online_run, agent_episodes):
+    out, summary = online_run
+    saved = json.loads((out / "summary.json").read_text())
+    for key in ("unseen_success_start", "unseen_success_end", "seen_success_end", "wall_seconds"):
+        assert saved[key] is not None, key
+    assert saved["policy_steps"] == summary["policy_steps"] == 2
+    serving = saved["serving"]
+    # every completion the agent got was answered and recorded (message + llm_call events)
+    stats = json.loads((out / "agent" / "stats.json").read_text())  # written on a clean exit
+    assert serving["agent_exit_status"] == 0 and stats["errors"] == 0
+    assert serving["requests"] >= stats["requests"] > 0
+    assert serving["events_recorded"] >= 2 * stats["requests"]
+    assert serving["rewards_recorded"] == stats["rewards_posted"] > 0
+    # each published update was swapped into the worker, and later completions say so
+    assert serving["weight_swaps"] == 2 and serving["served_policy_version"] == 2
+    versions = [c["policy_version"] for e in agent_episodes.values() for c in e["calls"]]
+    assert min(versions) == 0 and max(versions) >= 1
+    assert serving["dropped_stale"] > 0  # max_staleness=0 drops the version-0 calls after step 1
+    records = read_metrics(out)
+    rl = [r for r in records if "serving/requests" in r]
+    assert [r["policy_version"] for r in rl] == [1.0, 2.0]
+    assert all(r["batch/staleness_max"] == 0.0 for r in rl)
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_episodes):
+    out, _ = online_run
+    config = online_sao.micro()
+    tokenizer = build_tokenizer(config.experiment())
+    reader = AtdpStore.open(str(out / "atdp")).reader("online", principal="online")
+    reader.refresh()
+    closed = [t for t in map(reader.read, reader.trajectory_ids()) if t.outcome is not None]
+    assert {t.trajectory_id for t in closed} == set(agent_episodes)
+    version_zero_rows = []
+    for trajectory in closed:
+        episode = agent_episodes[trajectory.trajectory_id]
+        assert trajectory.outcome.success == episode["won"]
+        prompts = [
+            e.observation["content"] for e in trajectory.events if e.kind == EventKind.MESSAGE
+        ]
+        calls = [e.llm for _, e in trajectory.llm_events()]
+        assert len(calls) == len(prompts) == len(episode["calls"])
+        rows, _ = trajectory_rows(trajectory, "windowed")
+        for prompt, call, sent, row in zip(prompts, calls, episode["calls"], rows, strict=True):
+            # the exact tokens the cloned policy was trained on: the harness prompt as one
+            # ChatML user turn (what the rollout engine's windowed layout feeds the sampler)
+            expected = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            np.testing.assert_array_equal(call.input_ids, expected)
+            text = tokenizer.decode(call.output_ids, skip_special_tokens=True)
+            assert text == sent["reply"]
+            assert call.output_ids[-1] in tokenizer.stop_ids or call.finish_reason == "length"
+            n_in, n_out = len(call.input_ids), len(call.output_ids)
+            np.testing.assert_array_equal(row.loss_mask, np.r_[np.zeros(n_in), np.ones(n_out)])
+            assert set(row.versions[n_in:]) == {sent["policy_version"]}
+            assert row.rewards[-1] == pytest.approx(sent["reward"]) and not row.rewards[:-1].any()
+            if sent["policy_version"] == 0:
+                version_zero_rows.append(row)
+    # recorded log-probs are the served policy's own (temperature 1): recompute them
+    policy = build_model(config.experiment(), tokenizer)
+    with Checkpointer(out / WARM_START_DIR, create=False) as saved:
+        policy = saved.restore({"policy": policy}).items["policy"]
+    rows = version_zero_rows[:16]
+    batch = pack_batch([[r] for r in rows], len(rows), max(r.length for r in rows))
+    learner = Learner(config.learner, policy)
+    logp = learner.policy_logprobs(batch)
+    mask = batch["loss_mask"] > 0
+    np.testing.assert_allclose(logp[mask], batch["rollout_logp"][mask], atol=2e-3)
+
+
+def test_bad_config_exits_with_a_message_naming_the_problem(tmp_path, capsys):
+    cases = {
+        "rollout.layout=concat": "rollout.layout must be 'windowed'",
+        "learner.algorithm=grpo": "learner.algorithm must be 'sao'",
+        "agent.concurrency=0": "agent.concurrency must be >= 1",
+        "serving.num_slots=0": "serving.num_slots must be >= 1",
+        "online.max_staleness=-1": "online.max_staleness must be >= 0",
+        "online.polcy_steps=3": "online.polcy_steps",
+    }
+    for override, message in cases.items():
+        with pytest.raises(SystemExit) as exit_info:
+            online_sao.main(["--out", str(tmp_path), override])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err, override
+
+
+def _agent(*args, env=None, timeout=60):
+    env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.online_agent", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_agent_refuses_bad_input_clearly():
+    no_key = _agent("--url", "http://127.0.0.1:9", env={"SAO_ADMIN_KEY": ""})
+    assert no_key.returncode == 2 and "SAO_ADMIN_KEY" in no_key.stderr
+    bad_url = _agent("--url", "localhost:9", env={"SAO_ADMIN_KEY": "k"})
+    assert bad_url.returncode == 2 and "AgentConfig.url" in bad_url.stderr
+    bad_count = _agent("--url", "http://127.0.0.1:9", "--concurrency", "0")
+    assert bad_count.returncode == 2 and "AgentConfig.concurrency" in bad_count.stderr
+
+
+def test_a_dead_agent_fails_the_learner_instead_of_hanging(tmp_path):
+    # nothing listens on port 9: every call fails, the agent gives up after 2 in a row
+    config = AgentConfig(
+        url="http://127.0.0.1:9", concurrency=1, max_retries=0, max_consecutive_errors=2
+    )
+    fleet = AgentFleet(config, "key", tmp_path)
+    fleet.start()
+
+    try:
+        with pytest.raises(AgentError, match="exited with status 1") as error:
+            next(fleet.guard(_never_ending(), poll_s=0.05))
+        assert "calls failed" in str(error.value)
+    finally:
+        assert fleet.stop() == 1
+    assert json.loads(fleet.stats_path.read_text())["errors"] == 2
+
+
+def _never_ending():
+    """A stream that never yields (a learner polling a buffer nobody writes)."""
+    while True:
+        time.sleep(0.05)
+        yield from ()
