@@ -50,6 +50,28 @@ def test_multi_slice_starts_every_slice_together(capsys):
 
 
 @pytest.mark.parametrize(
+    ("topology", "slices", "hosts", "mesh"),
+    [
+        ("v4-32", 1, 4, "data=1 fsdp=4 expert=4 tensor=1"),  # 16 chips (2 cores each)
+        ("v5litepod-16", 1, 4, "data=1 fsdp=4 expert=4 tensor=1"),
+        ("v6e-8", 2, 2, "data=2 fsdp=2 expert=4 tensor=1"),  # one 8-chip host per slice
+        ("v5p-128", 2, 32, "data=2 fsdp=8 expert=8 tensor=1"),
+    ],
+)
+def test_mesh_preset_per_topology_fills_each_slice(topology, slices, hosts, mesh, capsys):
+    argv = ["--topology", topology, "--slices", str(slices), "--tpu", "pod", "--bucket", "gs://b"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"{hosts} hosts; mesh {mesh}" in out.splitlines()[0]
+    start = [shlex.split(line) for line in out.splitlines()[-slices:]]
+    assert [c[5] for c in start] == (["pod"] if slices == 1 else [f"pod-{i}" for i in range(2)])
+    for command in start:
+        run = shlex.split(command[command.index("--command") + 1])
+        # the hosts resolve the rest themselves: fsdp fills each slice, data spans the slices
+        assert {"mesh.ici.fsdp=-1", "mesh.dcn.data=-1", "mesh.dcn.fsdp=1"} <= set(run)
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--bucket", "/local/dir"], "--bucket must be a gs:// path"),
@@ -57,6 +79,12 @@ def test_multi_slice_starts_every_slice_together(capsys):
         (["--ici", "expert=x"], "mesh axis expert needs an integer size"),
         (["--ici", "expert=3"], "ici mesh over 32 devices per slice"),
         (["--topology", "v5p-63"], "not a whole number of chips"),
+        (["--slices", "0"], "num_slices must be >= 1"),
+        (["--dcn", "data=3", "--slices", "2"], "dcn mesh over 2 slice(s)"),
+        (
+            ["--dry-run", "--model", "qwen3-30b-a3b", "--rollout-chips", "4"],
+            "--rollout-chips must leave training chips on each 4-chip host",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_it(argv, message, capsys):
@@ -64,6 +92,17 @@ def test_bad_input_exits_2_naming_it(argv, message, capsys):
         main([*BASE, *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def per_device_gib(table: str) -> dict[str, float]:
+    """{term: GiB} from the rows of a dry-run table ("  optimizer state  24.59 GiB  ...")."""
+    rows = {}
+    for line in table.splitlines():
+        name, _, rest = line.strip().partition("  ")
+        words = rest.split()
+        if line.startswith("  ") and len(words) >= 2 and words[1] == "GiB":
+            rows[name] = float(words[0])
+    return rows
 
 
 def test_dry_run_of_qwen3_30b_on_v5p_64_fits_and_a_larger_batch_is_refused(capsys):
@@ -75,6 +114,13 @@ def test_dry_run_of_qwen3_30b_on_v5p_64_fits_and_a_larger_batch_is_refused(capsy
     for term in ("policy params", "optimizer state", "KV cache", "activations", "remat=none"):
         assert term in out
     assert out.rstrip().endswith("fits")
+    gib = per_device_gib(out)
+    total = 30.53e9 * 2 / 2**30  # bfloat16 parameters of the whole model
+    # per device: sharded over fsdp (4) everywhere, experts over expert (8) too
+    assert total / 32 <= gib["policy params"] <= total / 4
+    # AdamW's f32 moments + f32 master per trainable bf16 parameter: 6x the policy's bytes
+    assert gib["optimizer state"] >= 6 * gib["policy params"] - 0.01
+    assert abs(gib["total"] - sum(v for k, v in gib.items() if k != "total")) < 0.05
     assert main([*BASE, *model, "--train-rows", "256", "--seq-len", "4096"]) == 1
     err = capsys.readouterr().err
     assert "refused: train + rollout (colocated): needs" in err
