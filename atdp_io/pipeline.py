@@ -59,8 +59,12 @@ class _BatcherIterator(grain.DatasetIterator):
         groups: list[tuple[TrajectoryRows, list[rows_lib.Row]]] = []
         used = 0
         if self._carry is not None:
-            groups.append(self._carry)
-            used = len(self._carry[1])
+            item, rows = self._carry
+            # the learner may have moved on since the carried trajectory was filtered
+            rows = self._fresh(rows)
+            if rows:
+                groups.append((item, rows))
+                used = len(rows)
             self._carry = self._carry_position = None
         while used < config.rows:
             pulled = self._pull()
@@ -114,6 +118,11 @@ class _BatcherIterator(grain.DatasetIterator):
                 )
             stats.add("dropped_too_long")
             return []
+        return self._fresh(rows)
+
+    def _fresh(self, rows: list[rows_lib.Row]) -> list[rows_lib.Row]:
+        """The rows within `max_staleness` of the learner's version now (drops counted)."""
+        config, stats = self._loader.config, self._loader.stats
         if config.max_staleness is None:
             return rows
         oldest = self._loader.current_version() - config.max_staleness

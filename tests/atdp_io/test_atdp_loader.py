@@ -165,6 +165,21 @@ def test_staleness_uses_the_learner_version_at_batch_time(tmp_path):
         assert emitted == rows_left
 
 
+def test_a_trajectory_carried_to_the_next_batch_is_checked_for_staleness_again(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    with store.writer("acme") as writer:  # 1 row at version 5, then 2 rows at version 3
+        writer.append([_make(0, version=5, turns=1), _make(1, version=3, turns=2)])
+    version = {"now": 5}
+    loader = _loader(store, rows=2, max_staleness=2, current_version=lambda: version["now"])
+    iterator = iter(loader.stream(shard=ONE_SHARD, poll_interval_s=0.01, idle_timeout_s=0.2))
+    first = next(iterator)  # t01 fits no more: carried over, fresh enough at version 5
+    assert (first["traj_index"] >= 0).sum() == 1
+    version["now"] = 6  # the learner moved on: version 3 is now too old
+    later = [b for b in iterator if (b["traj_index"] >= 0).any()]
+    assert later == []
+    assert loader.stats.snapshot()["dropped_stale_rows"] == 2
+
+
 def test_restoring_an_iterator_state_resumes_exactly(store_with_mix):
     store, _ = store_with_mix
     dataset = _loader(store, rows=3).epoch(shard=ONE_SHARD, seed=7, num_epochs=2)
