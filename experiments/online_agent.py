@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import openai
+
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.envs.alfworld.env import GameSampler
 from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
@@ -93,7 +95,7 @@ class AgentStats:
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(
             ("requests", "episodes", "won", "env_steps", "invalid_replies", "rewards_posted",
-             "errors", "abandoned", "truncated_context", "completion_tokens"), 0,
+             "errors", "abandoned", "truncated_context", "completion_tokens", "rate_limited"), 0,
         )  # fmt: skip
         self.max_policy_version = -1
         self.last_error = ""
@@ -233,12 +235,18 @@ class Agent:
                     top_p=config.top_p,
                     seed=seed + len(calls),
                 )
-            except Exception as error:
-                if getattr(error, "code", None) == "context_length_exceeded":
-                    truncated = "context"  # as the rollout engine ends such an episode
-                    self.stats.add(truncated_context=1)
-                    break
-                raise
+            except openai.RateLimitError as error:
+                # the worker's staleness capacity is spent until the learner publishes: a
+                # user would wait too, so the game goes on with the same turn
+                self.stats.add(rate_limited=1)
+                self.stop.wait(_retry_after(error))
+                continue
+            except openai.BadRequestError as error:
+                if error.code != "context_length_exceeded":
+                    raise
+                truncated = "context"  # as the rollout engine ends such an episode
+                self.stats.add(truncated_context=1)
+                break
             version = int((reply.model_extra or {}).get("policy_version", -1))
             self.stats.saw_version(version)
             self.stats.add(requests=1, completion_tokens=reply.usage.completion_tokens)
@@ -276,6 +284,15 @@ class Agent:
             "truncated_by": truncated,
             "calls": calls,
         }
+
+
+def _retry_after(error: openai.APIStatusError, default_s: float = 1.0) -> float:
+    """Seconds the server asked to wait (its Retry-After header), within [0.1, 30]."""
+    try:
+        value = float(error.response.headers.get("retry-after", default_s))
+    except ValueError:
+        value = default_s
+    return min(max(value, 0.1), 30.0)
 
 
 def _watch_parent(agent: Agent, parent: int) -> None:

@@ -120,12 +120,15 @@ def test_bad_config_exits_with_a_message_naming_the_problem(tmp_path, capsys):
         "serving.num_slots=0": "serving.num_slots must be >= 1",
         "online.max_staleness=-1": "online.max_staleness must be >= 0",
         "online.polcy_steps=3": "online.polcy_steps",
+        "serving.max_staleness=1": "the agent would wait on 429s forever",
     }
     for override, message in cases.items():
         with pytest.raises(SystemExit) as exit_info:
-            online_sao.main(["--out", str(tmp_path), override])
+            online_sao.main(["--out", str(tmp_path), *override.split()])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err, override
+    # enough capacity for the critic warm-up and the games in flight: accepted
+    assert online_sao.parse(["--out", str(tmp_path), "serving.max_staleness=10"]).serving
 
 
 def _agent(*args, env=None, timeout=60):
