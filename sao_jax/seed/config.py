@@ -1,0 +1,88 @@
+"""SEED's knobs for an experiment, and analyzers by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sao_jax.seed.analyzers import Analyzer, RuleBasedAlfworldAnalyzer
+
+ANALYZERS = ("rule_alfworld", "self_policy", "openai")
+
+
+@dataclasses.dataclass
+class SeedConfig:
+    """SEED stages 1 and 2 (the OPD weights themselves are `LearnerConfig.opd_*`).
+
+    Attributes:
+      sft_analyzer: analyzer labelling stage-1 data: "rule_alfworld" (CPU, ground truth),
+        "openai" (an endpoint) or "self_policy".
+      sft_episodes: episodes of the warm-started policy played and labelled for stage 1.
+      sft_steps: joint acting + analysing fine-tuning steps (0: no stage 1).
+      sft_learning_rate: learning rate of stage 1.
+      opd_analyzer: stage-2 analyzer: "self_policy" (SEED) or "rule_alfworld" / "openai".
+      max_skill_tokens: skill-block budget of re-scored rows (S).
+      max_skill_new_tokens: tokens a generated skill may take.
+      skill_temperature: sampling temperature of the self-policy analyzer.
+      max_actions: actions of an episode the analysis prompt shows.
+      openai_url: base URL of the OpenAI-compatible endpoint (analyzer "openai").
+      openai_model: its model name.
+      store_skills: write stage-2 skills to the `skills` tenant (the skill bank).
+    """
+
+    sft_analyzer: str = "rule_alfworld"
+    sft_episodes: int = 64
+    sft_steps: int = 60
+    sft_learning_rate: float = 1e-3
+    opd_analyzer: str = "self_policy"
+    max_skill_tokens: int = 96
+    max_skill_new_tokens: int = 48
+    skill_temperature: float = 1.0
+    max_actions: int = 12
+    openai_url: str = ""
+    openai_model: str = ""
+    store_skills: bool = True
+
+    def __post_init__(self):
+        for name in ("sft_analyzer", "opd_analyzer"):
+            if getattr(self, name) not in ANALYZERS:
+                raise ValueError(
+                    f"SeedConfig.{name}: unknown analyzer {getattr(self, name)!r}; known: "
+                    f"{ANALYZERS}"
+                )
+        for name in ("sft_episodes", "max_skill_new_tokens", "max_actions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SeedConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.sft_steps < 0:
+            raise ValueError(f"SeedConfig.sft_steps must be >= 0, got {self.sft_steps}")
+        if self.max_skill_tokens < 4:
+            raise ValueError(
+                f"SeedConfig.max_skill_tokens must be >= 4, got {self.max_skill_tokens}"
+            )
+
+
+def make_analyzer(name: str, *, config: SeedConfig, sampler=None, tokenizer=None) -> Analyzer:
+    """The analyzer `name` ("rule_alfworld", "self_policy" with `sampler` + `tokenizer`, or
+    "openai" with `config.openai_url` / `openai_model`)."""
+    if name == "rule_alfworld":
+        return RuleBasedAlfworldAnalyzer()
+    if name == "self_policy":
+        from sao_jax.seed.self_analyzer import SelfPolicyAnalyzer
+
+        if sampler is None or tokenizer is None:
+            raise ValueError("the self_policy analyzer needs the policy's sampler and tokenizer")
+        return SelfPolicyAnalyzer(
+            sampler,
+            tokenizer,
+            max_new_tokens=config.max_skill_new_tokens,
+            temperature=config.skill_temperature,
+            max_actions=config.max_actions,
+        )
+    if name == "openai":
+        from sao_jax.seed.openai_analyzer import OpenAIAnalyzer
+
+        if not config.openai_url or not config.openai_model:
+            raise ValueError("the openai analyzer needs seed.openai_url and seed.openai_model")
+        return OpenAIAnalyzer(
+            config.openai_url, config.openai_model, max_actions=config.max_actions
+        )
+    raise ValueError(f"unknown analyzer {name!r}; known: {ANALYZERS}")

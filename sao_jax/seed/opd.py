@@ -1,0 +1,98 @@
+"""SEED stage 2 in the learner: skills from the current policy, re-scoring, the OPD term.
+
+`SeedLearner` is a `Learner` whose iterations first (1) decode each trajectory of the batch,
+(2) let the analyzer (normally the current policy, refreshed to the learner's latest weights)
+write one skill per trajectory, (3) re-score the same action tokens with that skill's block in
+context (`skill_logp`, one jitted forward) and then (4) run the algorithm's update with
+`opd_lambda * seed_opd_loss(logp, skill_logp, mask)` added (`sao_seed` / `grpo_seed`).
+Inference never sees a skill. Cost metrics: `seed/analysis_seconds`, `seed/rescore_seconds`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from sao_jax.models import Transformer
+from sao_jax.seed.analyzers import Analyzer, Skill
+from sao_jax.seed.records import from_batch
+from sao_jax.seed.rescore import skill_logprobs
+from sao_jax.seed.templates import skill_block_ids
+from sao_jax.tokenizers import Tokenizer
+from sao_jax.train import Learner, LearnerConfig
+
+
+class SeedLearner(Learner):
+    """A learner that adds SEED's self-distillation term (algorithms `sao_seed`, `grpo_seed`).
+
+    Args:
+      config: learner config; `config.algorithm` must be a SEED algorithm (`opd`).
+      policy: the policy to train.
+      analyzer: writes the skills; an analyzer with `refresh(params, version)` (the
+        `SelfPolicyAnalyzer`) is refreshed to the learner's weights before every analysis.
+      tokenizer: the policy's tokenizer (decodes batches, encodes skill blocks).
+      max_skill_tokens: S, the fixed skill-block budget of re-scored rows.
+      think: replies carry `<think>` blocks (how actions are parsed from replies).
+      on_skills: called with each iteration's skills (e.g. a `SkillBank.add`).
+      critic, mesh, rules: as for `Learner`.
+    """
+
+    def __init__(
+        self,
+        config: LearnerConfig,
+        policy: Transformer,
+        *,
+        analyzer: Analyzer,
+        tokenizer: Tokenizer,
+        max_skill_tokens: int = 96,
+        think: bool = False,
+        on_skills: Callable[[list[Skill]], None] | None = None,
+        **kwargs,
+    ):
+        super().__init__(config, policy, **kwargs)
+        if not self.algorithm.opd:
+            raise ValueError(
+                f"SeedLearner: algorithm {self.algorithm.name!r} has no OPD term; use sao_seed or "
+                "grpo_seed"
+            )
+        if max_skill_tokens < 4:
+            raise ValueError(f"max_skill_tokens must be >= 4, got {max_skill_tokens}")
+        self.analyzer, self.tokenizer = analyzer, tokenizer
+        self.max_skill_tokens, self.think, self.on_skills = max_skill_tokens, think, on_skills
+        self.last_skills: list[Skill] = []
+
+    def iteration(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Skills -> skill_logp -> the algorithm's update with the OPD term (see module doc)."""
+        if self.in_warmup:  # the policy does not move: no skills needed
+            return super().iteration(batch)
+        start = time.perf_counter()
+        records = from_batch(batch, self.tokenizer, think=self.think)
+        refresh = getattr(self.analyzer, "refresh", None)
+        if refresh is not None:
+            refresh(self.policy_module(), self.policy_version)
+        slots = sorted(records)
+        skills = self.analyzer.analyze([records[k] for k in slots])
+        analysed = time.perf_counter()
+        blocks = {
+            k: skill_block_ids(self.tokenizer, s.text) for k, s in zip(slots, skills, strict=True)
+        }
+        skill_logp, stats = skill_logprobs(
+            self.policy_logprobs, batch, blocks, self.max_skill_tokens
+        )
+        rescored = time.perf_counter()
+        metrics = super().iteration({**batch, "skill_logp": skill_logp})
+        self.last_skills = skills
+        if self.on_skills is not None:
+            self.on_skills(skills)
+        metrics.update(
+            {
+                "seed/analysis_seconds": analysed - start,
+                "seed/rescore_seconds": rescored - analysed,
+                "seed/skills": float(len(skills)),
+                "seed/block_tokens_mean": stats["block_tokens_mean"],
+                "seed/truncated_blocks": stats["truncated"],
+            }
+        )
+        return metrics

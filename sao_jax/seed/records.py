@@ -1,0 +1,129 @@
+"""What an analyzer reads: one finished episode as text (task, actions, observations, outcome).
+
+Two sources: an ATDP trajectory (stage 1, the skill bank; carries the game spec, so the
+rule-based analyzer can read the game's ground truth) and a learner batch (stage 2: the rows of
+each trajectory are decoded back to text, so skills need no lookup by trajectory id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from atdp_io import EventKind, Trajectory
+from sao_jax.envs.alfworld import parse_reply
+from sao_jax.tokenizers import Tokenizer
+
+_TASK = re.compile(r"Your task is to: (.*?)\.\s*$", re.MULTILINE)
+_OBSERVATION = re.compile(r"current observation is: (.*?)\n\s*Your admissible", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRecord:
+    """One finished episode.
+
+    Attributes:
+      trajectory_id: ATDP id of the episode ("" when decoded from a batch).
+      task: the task sentence ("put a mug in cabinet").
+      task_type: ALFWorld task type ("" when unknown).
+      actions: the commands the agent chose, in order (an unparseable reply is "").
+      observations: what the agent saw before each action (may be shorter than `actions`).
+      success: whether the episode was won.
+      game: the game spec (`header.task`: split, index, size, ...) when known.
+    """
+
+    trajectory_id: str
+    task: str
+    task_type: str
+    actions: tuple[str, ...]
+    observations: tuple[str, ...]
+    success: bool
+    game: Mapping | None = None
+
+    def __post_init__(self):
+        if not self.actions:
+            raise ValueError(f"episode {self.trajectory_id!r} has no actions: nothing to analyse")
+        if not self.task:
+            raise ValueError(f"episode {self.trajectory_id!r} has no task sentence")
+
+
+def from_trajectory(trajectory: Trajectory) -> EpisodeRecord:
+    """The record of an ATDP trajectory written by the rollout engine or the expert."""
+    task = dict(trajectory.header.task)
+    calls = [e for e in trajectory.events if e.kind == EventKind.LLM_CALL]
+    actions = tuple(e.action.text if e.action else "" for e in calls)
+    observations = tuple(e.observation or "" for e in calls)
+    sentence = str(task.get("sentence", ""))
+    if not sentence:
+        for event in calls:
+            match = _TASK.search(event.observation or "")
+            if match:
+                sentence = match.group(1)
+                break
+    success = bool(trajectory.outcome and trajectory.outcome.success)
+    return EpisodeRecord(
+        trajectory_id=trajectory.trajectory_id,
+        task=sentence or _task_from_game(task),
+        task_type=str(task.get("task_type", "")),
+        actions=actions,
+        observations=observations,
+        success=success,
+        game=task if "index" in task and "split" in task else None,
+    )
+
+
+def _task_from_game(task: Mapping) -> str:
+    if "split" not in task or "index" not in task:
+        return ""
+    from sao_jax.envs.alfworld import make_game
+
+    return make_game(task["split"], int(task["index"]), size=task.get("size", "full")).task.sentence
+
+
+def from_batch(
+    batch: Mapping[str, np.ndarray], tokenizer: Tokenizer, *, think: bool = False
+) -> dict[int, EpisodeRecord]:
+    """Records of the trajectories of a learner batch, keyed by `traj_index`.
+
+    Rows of a trajectory are read in `turn_index` order; each contiguous run of `loss_mask`
+    tokens is one reply (so windowed and concat rows both work); the task comes from the
+    first prompt, success from a positive reward anywhere in the trajectory.
+    """
+    tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"]) > 0
+    real = np.asarray(batch["segment_ids"]) > 0
+    rewards, traj = np.asarray(batch["rewards"]), np.asarray(batch["traj_index"])
+    turn = np.asarray(batch["turn_index"])
+    records: dict[int, EpisodeRecord] = {}
+    for k in np.unique(traj[traj >= 0]):
+        rows = sorted(np.flatnonzero(traj == k), key=lambda r: turn[r])
+        actions, observations, task = [], [], ""
+        for r in rows:
+            for start, end in _mask_spans(mask[r]):
+                reply = tokenizer.decode(tokens[r, start:end], skip_special_tokens=True)
+                actions.append(parse_reply(reply, think=think).action or "")
+            context = tokenizer.decode(tokens[r][real[r] & ~mask[r]], skip_special_tokens=True)
+            task = task or _first(_TASK, context)
+            observations += [m.strip() for m in _OBSERVATION.findall(context)]
+        records[int(k)] = EpisodeRecord(
+            trajectory_id="",
+            task=task,
+            task_type="",
+            actions=tuple(actions),
+            observations=tuple(observations),
+            success=bool(np.any(rewards[rows] > 0)),
+        )
+    return records
+
+
+def _mask_spans(mask_row: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of True in a 1-D mask."""
+    edges = np.diff(np.concatenate([[0], mask_row.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
+
+
+def _first(pattern: re.Pattern, text: str) -> str:
+    match = pattern.search(text)
+    return match.group(1) if match else ""

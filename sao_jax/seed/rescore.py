@@ -1,0 +1,86 @@
+"""Skill-injected rows: the same sampled tokens, re-scored with a skill block in context.
+
+Each row of a learner batch gets its trajectory's skill block placed before it, left-padded to
+a fixed `max_skill_tokens` = S: row [R, T] -> [R, S + T] with the original tokens at columns
+S.. S + T - 1 for every row. Padding columns have segment id 0 (attended by nothing), the block
+takes positions 0..n-1 and the row's positions move up by n, so each row reads exactly
+"block + row" and the action log-probs map back with the static slice `[:, S:]`. One jitted
+forward of the policy over [R, S + T] scores the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+_SHIFTED_KEYS = ("tokens", "loss_mask", "rollout_logp", "rewards", "versions", "segment_ids")
+_FILL = {"versions": -1}
+
+
+def skill_injected_batch(
+    batch: Mapping[str, np.ndarray],
+    block_ids: Mapping[int, list[int]],
+    max_skill_tokens: int,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The batch with each trajectory's skill block in front of each of its rows.
+
+    Args:
+      batch: an `atdp_io` loader batch ([R, T] arrays, `traj_index` [R]).
+      block_ids: token ids of the skill block per `traj_index` (rows of trajectories without
+        one are only shifted).
+      max_skill_tokens: S, the block budget; longer blocks keep their first S - 2 and last 2
+        tokens (the closing chat markers), counted in `truncated`.
+    Returns:
+      (batch [R, S + T] with the same keys, stats: `truncated`, `block_tokens_mean`).
+    """
+    if max_skill_tokens < 4:
+        raise ValueError(f"max_skill_tokens must be >= 4, got {max_skill_tokens}")
+    tokens = np.asarray(batch["tokens"])
+    rows, width, skill = tokens.shape[0], tokens.shape[1], max_skill_tokens
+    out = {}
+    for key in _SHIFTED_KEYS:
+        value = np.asarray(batch[key])
+        shifted = np.full((rows, skill + width), _FILL.get(key, 0), value.dtype)
+        shifted[:, skill:] = value
+        out[key] = shifted
+    positions = np.zeros((rows, skill + width), np.int32)
+    positions[:, skill:] = np.asarray(batch["positions"])
+    out["traj_index"] = np.asarray(batch["traj_index"]).copy()
+    out["turn_index"] = np.asarray(batch["turn_index"]).copy()
+    truncated, lengths = 0, []
+    segment = np.asarray(batch["segment_ids"])
+    for r, k in enumerate(out["traj_index"]):
+        ids = block_ids.get(int(k))
+        if ids is None or not np.any(segment[r] > 0):
+            continue
+        if len(ids) > skill:
+            ids, truncated = [*ids[: skill - 2], *ids[-2:]], truncated + 1
+        n = len(ids)
+        out["tokens"][r, skill - n : skill] = ids
+        out["segment_ids"][r, skill - n : skill] = 1
+        positions[r, skill - n : skill] = np.arange(n)
+        positions[r, skill:] += n
+        lengths.append(n)
+    out["positions"] = positions
+    stats = {
+        "truncated": float(truncated),
+        "block_tokens_mean": float(np.mean(lengths)) if lengths else 0.0,
+    }
+    return out, stats
+
+
+def skill_logprobs(
+    logprobs_fn: Callable[[Mapping[str, np.ndarray]], np.ndarray],
+    batch: Mapping[str, np.ndarray],
+    block_ids: Mapping[int, list[int]],
+    max_skill_tokens: int,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """skill_logp [R, T]: log pi(token t | skill block + tokens < t), aligned with the batch.
+
+    `logprobs_fn` maps a batch to [R, T'] shifted log-probs (`Learner.policy_logprobs`).
+    """
+    injected, stats = skill_injected_batch(batch, block_ids, max_skill_tokens)
+    logp = np.asarray(logprobs_fn(injected))[:, max_skill_tokens:]
+    mask = np.asarray(batch["loss_mask"]) > 0
+    return np.where(mask, logp, 0.0).astype(np.float32), stats

@@ -1,0 +1,177 @@
+"""SEED stage 2: the OPD term in the learner's gradient, and the skill-injected re-scoring."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from seed_factories import demo_store, first_batch, tiny_policy, word_tokenizer
+
+from sao_jax.losses import seed_opd_loss
+from sao_jax.seed import (
+    RuleBasedAlfworldAnalyzer,
+    SeedLearner,
+    skill_block_ids,
+    skill_injected_batch,
+    skill_logprobs,
+)
+from sao_jax.train import Learner, LearnerConfig, objectives
+from sao_jax.train.learner_steps import policy_loss_fn
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    store = demo_store(tmp_path_factory.mktemp("opd"), num_episodes=2)
+    batch = first_batch(store, rows=8, seq_len=256)
+    rng = np.random.default_rng(0)
+    mask = batch["loss_mask"] > 0
+    # behaviour log-probs near the policy's, rewards on the last action of each trajectory
+    batch["rollout_logp"] = np.where(mask, -3.0 - rng.random(mask.shape), 0.0).astype(np.float32)
+    return batch
+
+
+def test_opd_term_changes_the_gradient_exactly_by_lambda_times_its_own(batch):
+    policy = tiny_policy()
+    graphdef, params = nnx.split(policy)
+    device = {k: jnp.asarray(v) for k, v in batch.items()}
+    rng = np.random.default_rng(1)
+    advantages = jnp.asarray(rng.normal(size=batch["tokens"].shape), jnp.float32)
+    skill_logp = jnp.asarray(
+        np.where(batch["loss_mask"] > 0, -2.0 * rng.random(batch["tokens"].shape), 0.0),
+        jnp.float32,
+    )
+    device["skill_logp"] = skill_logp
+    lam = 0.37
+    policy_loss = policy_loss_fn(LearnerConfig(algorithm="sao_seed"))
+
+    def rl_loss(p, opd_term):
+        return objectives.policy_gradient_loss(
+            nnx.merge(graphdef, p), device, advantages, device["rollout_logp"], policy_loss,
+            entropy_coef=0.0, load_balance_weight=1e-3, z_weight=1e-3, chunk_size=64,
+            opd=opd_term,
+        )[0]  # fmt: skip
+
+    def opd_only(p, mode):
+        logp, _, _ = objectives.policy_logprobs(nnx.merge(graphdef, p), device, chunk_size=64)
+        return seed_opd_loss(logp, skill_logp, objectives.action_mask(device), mode=mode)[0]
+
+    @jax.jit
+    def gradients(p):
+        out = {"without": jax.grad(rl_loss)(p, None)}
+        for mode in ("gated", "signed"):
+            opd = {"lambda": lam, "beta": 5.0, "mode": mode, "clip": None}
+            out[mode] = jax.grad(rl_loss)(p, opd)
+            out[f"{mode}_direct"] = jax.grad(opd_only)(p, mode)
+        return out
+
+    grads = gradients(params)
+    for mode in ("gated", "signed"):
+        direct = grads[f"{mode}_direct"]
+        diff = jax.tree.map(lambda a, b: a - b, grads[mode], grads["without"])
+        scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(direct))
+        assert scale > 0  # the term has a gradient to compare
+        for got, want in zip(jax.tree.leaves(diff), jax.tree.leaves(direct), strict=True):
+            np.testing.assert_allclose(got, lam * want, atol=2e-6 * scale + 1e-7)
+
+
+def test_skill_rows_put_actions_at_their_positions_and_match_a_direct_forward(batch):
+    tokenizer = word_tokenizer()
+    policy = tiny_policy(seed=3)
+    slots = sorted(set(batch["traj_index"][batch["traj_index"] >= 0]))
+    skills = ["the mug is in drawer 1.", "go to cabinet 2 and take the apple.", "look"]
+    blocks = {k: skill_block_ids(tokenizer, skills[i % 3]) for i, k in enumerate(slots)}
+    S = 48
+    injected, stats = skill_injected_batch(batch, blocks, S)
+    mask = batch["loss_mask"] > 0
+    assert injected["tokens"].shape == (batch["tokens"].shape[0], S + batch["tokens"].shape[1])
+    np.testing.assert_array_equal(injected["tokens"][:, S:], batch["tokens"])
+    np.testing.assert_array_equal(injected["loss_mask"][:, S:], batch["loss_mask"])
+    assert not injected["loss_mask"][:, :S].any()
+    assert stats["truncated"] == 0
+
+    learner = Learner(LearnerConfig(algorithm="grpo"), tiny_policy(seed=3))
+    skill_logp, _ = skill_logprobs(learner.policy_logprobs, batch, blocks, S)
+    # the hand-built sequences "block + the row's real tokens", right-padded, one plain forward
+    rows = [r for r in range(batch["tokens"].shape[0]) if batch["traj_index"][r] >= 0]
+    sequences = [
+        [*blocks[int(batch["traj_index"][r])], *batch["tokens"][r][batch["segment_ids"][r] > 0]]
+        for r in rows
+    ]
+    width = max(map(len, sequences))
+    tokens = np.zeros((len(rows), width), np.int32)
+    segments = np.zeros((len(rows), width), np.int32)
+    for i, sequence in enumerate(sequences):
+        tokens[i, : len(sequence)], segments[i, : len(sequence)] = sequence, 1
+    graphdef, state = nnx.split(policy)
+    logits = jax.jit(lambda st, t, s: nnx.merge(graphdef, st)(t, segment_ids=s))(
+        state, tokens, segments
+    )
+    logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+    for i, r in enumerate(rows):
+        n = len(blocks[int(batch["traj_index"][r])])
+        t = np.flatnonzero(mask[r])
+        assert t.size
+        direct = logp[i, n + t - 1, tokens[i, n + t]]
+        np.testing.assert_allclose(skill_logp[r, t], direct, atol=2e-5)
+    assert np.all(skill_logp[~mask] == 0)
+
+
+def test_too_long_blocks_are_truncated_and_counted(batch):
+    blocks = {0: list(range(5, 40))}
+    injected, stats = skill_injected_batch(batch, blocks, 16)
+    assert stats["truncated"] == sum(
+        1 for r, k in enumerate(batch["traj_index"]) if k == 0 and batch["segment_ids"][r].any()
+    )
+    row = int(np.flatnonzero(batch["traj_index"] == 0)[0])
+    np.testing.assert_array_equal(injected["tokens"][row, :16], [*range(5, 19), 38, 39])
+
+
+def test_seed_learner_runs_the_opd_step_and_reports_its_cost(batch):
+    tokenizer = word_tokenizer()
+    config = LearnerConfig(algorithm="grpo_seed", opd_lambda=0.5)
+    learner = SeedLearner(
+        config,
+        tiny_policy(),
+        analyzer=_BatchAnalyzer(),
+        tokenizer=tokenizer,
+        max_skill_tokens=64,
+    )
+    seen = []
+    learner.on_skills = seen.extend
+    before = learner.policy_logprobs(batch)
+    metrics = learner.iteration(batch)
+    assert learner.policy_version == 1
+    assert metrics["seed/skills"] == len(set(batch["traj_index"][batch["traj_index"] >= 0]))
+    assert metrics["seed/analysis_seconds"] >= 0 and metrics["seed/rescore_seconds"] > 0
+    assert len(seen) == metrics["seed/skills"]
+    # the step's OPD loss is the formula on the pre-step log-probs and the re-scored skill_logp
+    blocks = {i: skill_block_ids(tokenizer, "look") for i in range(16)}
+    skill_logp, _ = skill_logprobs(
+        Learner(config, tiny_policy()).policy_logprobs, batch, blocks, 64
+    )
+    mask = objectives.action_mask({k: jnp.asarray(v) for k, v in batch.items()})
+    want, parts = seed_opd_loss(before, skill_logp, mask)
+    np.testing.assert_allclose(metrics["policy/opd_loss"], want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(metrics["policy/opd_gate_mean"], parts["gate_mean"], rtol=1e-4)
+
+
+def test_bad_input_is_named(batch):
+    learner = Learner(LearnerConfig(algorithm="grpo_seed"), tiny_policy())
+    with pytest.raises(ValueError, match="skill_logp"):
+        learner.iteration(batch)
+    with pytest.raises(ValueError, match="no OPD term"):
+        SeedLearner(
+            LearnerConfig(algorithm="sao"),
+            tiny_policy(),
+            analyzer=RuleBasedAlfworldAnalyzer(),
+            tokenizer=word_tokenizer(),
+        )
+    with pytest.raises(ValueError, match="opd_mode"):
+        LearnerConfig(algorithm="sao_seed", opd_mode="both")
+
+
+class _BatchAnalyzer(RuleBasedAlfworldAnalyzer):
+    """A fixed skill (batch records carry no game spec for the rule-based analyzer)."""
+
+    def analyze_texts(self, records):
+        return ["look" for _ in records]
