@@ -163,6 +163,7 @@ def online_rl(run: Run, config: OnlineConfig, log: MetricsWriter, learner: Learn
         with contextlib.suppress(AgentFinished):
             trainer.run(spec.policy_steps, on_iteration)
         run.data_state = trainer.data_state()
+        run.timing = dict(trainer.timing)
     finally:
         bar.close()
         if fleet is not None:
