@@ -55,7 +55,7 @@ class AgentConfig:
       max_tokens, temperature, top_p: decoding of every call.
       request_timeout_s: one completion's HTTP timeout (first calls wait for XLA compiles).
       max_retries: the openai client's retries of 429 / 5xx / connection errors.
-      max_consecutive_errors: give up (exit 1) after this many failed calls in a row.
+      max_consecutive_errors: give up (exit 1) after this many failed games in a row.
     """
 
     url: str
@@ -99,6 +99,7 @@ class AgentStats:
         )  # fmt: skip
         self.max_policy_version = -1
         self.last_error = ""
+        self.consecutive_errors = 0
         self.started = time.time()
         self._log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
 
@@ -111,14 +112,18 @@ class AgentStats:
         with self._lock:
             self.max_policy_version = max(self.max_policy_version, version)
 
-    def error(self, error: BaseException) -> None:
+    def error(self, error: BaseException) -> int:
+        """Count a failed game; returns how many failed in a row."""
         with self._lock:
             self.counts["errors"] += 1
+            self.consecutive_errors += 1
             self.last_error = f"{type(error).__name__}: {error}"
+            return self.consecutive_errors
 
     def episode(self, record: dict[str, Any]) -> int:
         """Log one finished game; returns how many games are finished now."""
         with self._lock:
+            self.consecutive_errors = 0
             self.counts["episodes"] += 1
             self.counts["won"] += int(record["won"])
             if self._log is not None:
@@ -159,7 +164,6 @@ class Agent:
         self._games_lock = threading.Lock()
         self.stop = threading.Event()
         self.stats = AgentStats(log_path)
-        self._consecutive_errors = 0
         self.failed = False
 
     def next_game(self) -> int:
@@ -186,9 +190,7 @@ class Agent:
             try:
                 record = self.play_episode(self.next_game(), call_seed)
             except Exception as error:  # any failure of a game: count it, go on
-                self.stats.error(error)
-                self._consecutive_errors += 1
-                if self._consecutive_errors >= self.config.max_consecutive_errors:
+                if self.stats.error(error) >= self.config.max_consecutive_errors:
                     self.failed = True
                     self.stop.set()
                 else:
@@ -197,7 +199,6 @@ class Agent:
             call_seed += 1_000
             if record is None:
                 continue
-            self._consecutive_errors = 0
             finished = self.stats.episode(record)
             if self.config.episodes and finished >= self.config.episodes:
                 self.stop.set()

@@ -112,8 +112,7 @@ class OnlineServer:
             self._loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, "127.0.0.1", self._port)
             self._loop.run_until_complete(site.start())
-            port = site._server.sockets[0].getsockname()[1]
-            self.url = f"http://127.0.0.1:{port}"
+            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         except BaseException as error:  # handed to start()
             self._error = error
             self._ready.set()
