@@ -17,7 +17,7 @@ import numpy as np
 
 from sao_jax.models import Transformer
 from sao_jax.seed.analyzers import Analyzer, Skill
-from sao_jax.seed.records import from_batch
+from sao_jax.seed.records import EpisodeRecord, from_batch
 from sao_jax.seed.rescore import skill_logprobs
 from sao_jax.seed.templates import skill_block_ids
 from sao_jax.tokenizers import Tokenizer
@@ -35,7 +35,8 @@ class SeedLearner(Learner):
       tokenizer: the policy's tokenizer (decodes batches, encodes skill blocks).
       max_skill_tokens: S, the fixed skill-block budget of re-scored rows.
       think: replies carry `<think>` blocks (how actions are parsed from replies).
-      on_skills: called with each iteration's skills (e.g. a `SkillBank.add`).
+      on_skills: called with each iteration's `(records, skills)` (e.g. to write the skill
+        bank with `sao_jax.seed.write_skills`).
       critic, mesh, rules: as for `Learner`.
     """
 
@@ -48,7 +49,7 @@ class SeedLearner(Learner):
         tokenizer: Tokenizer,
         max_skill_tokens: int = 96,
         think: bool = False,
-        on_skills: Callable[[list[Skill]], None] | None = None,
+        on_skills: Callable[[list[EpisodeRecord], list[Skill]], None] | None = None,
         **kwargs,
     ):
         super().__init__(config, policy, **kwargs)
@@ -85,7 +86,7 @@ class SeedLearner(Learner):
         metrics = super().iteration({**batch, "skill_logp": skill_logp})
         self.last_skills = skills
         if self.on_skills is not None:
-            self.on_skills(skills)
+            self.on_skills([records[k] for k in slots], skills)
         metrics.update(
             {
                 "seed/analysis_seconds": analysed - start,

@@ -29,6 +29,8 @@ class Algorithm:
         "old_policy" (the learner's own log-probs at the start of the iteration, PPO).
       uses_critic: trains a critic (needed by "gae").
       label: human-readable name for tables and plots.
+      opd: adds SEED's self-distillation term `opd_lambda * seed_opd_loss` to the policy loss;
+        batches must then carry `skill_logp` [R, T] (see `sao_jax.seed`).
     """
 
     name: str
@@ -37,6 +39,7 @@ class Algorithm:
     behaviour: BehaviourKind
     uses_critic: bool
     label: str
+    opd: bool = False
 
     def __post_init__(self):
         if self.policy_loss not in POLICY_LOSS_NAMES:
@@ -76,3 +79,5 @@ register_algorithm(Algorithm("sao", "sao", "gae", "rollout", True, "SAO"))
 register_algorithm(Algorithm("grpo", "grpo", "group", "rollout", False, "GRPO"))
 register_algorithm(Algorithm("grpo_dis", "grpo_dis", "group", "rollout", False, "GRPO+DIS"))
 register_algorithm(Algorithm("ppo", "ppo", "gae", "old_policy", True, "PPO"))
+register_algorithm(Algorithm("sao_seed", "sao", "gae", "rollout", True, "SAO+SEED", opd=True))
+register_algorithm(Algorithm("grpo_seed", "grpo", "group", "rollout", False, "GRPO+SEED", opd=True))

@@ -84,6 +84,10 @@ class LearnerConfig:
       reset_optimizer_on_sync: re-initialise the policy optimizer state whenever weights are
         published to the rollout workers.
       logprob_chunk_size: sequence chunk of the log-prob computation (memory of [B, chunk, V]).
+      opd_lambda: weight of SEED's on-policy distillation term (algorithms with `opd`).
+      opd_beta: gate sharpness of the gated OPD form.
+      opd_mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
+      opd_clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
     """
 
     algorithm: str = "sao"
@@ -113,6 +117,10 @@ class LearnerConfig:
     router_z_loss_weight: float = 1e-3
     reset_optimizer_on_sync: bool = False
     logprob_chunk_size: int = 256
+    opd_lambda: float = 0.01
+    opd_beta: float = 5.0
+    opd_mode: str = "gated"
+    opd_clip: float | None = None
 
     def __post_init__(self):
         get_algorithm(self.algorithm)
@@ -130,6 +138,17 @@ class LearnerConfig:
                 )
         if self.policy_lam is not None and not 0 <= self.policy_lam <= 1:
             raise ValueError(f"LearnerConfig.policy_lam must be in [0, 1], got {self.policy_lam}")
+        if self.opd_lambda < 0 or self.opd_beta < 0:
+            raise ValueError(
+                f"LearnerConfig.opd_lambda / opd_beta must be >= 0, got {self.opd_lambda} / "
+                f"{self.opd_beta}"
+            )
+        if self.opd_mode not in ("gated", "signed"):
+            raise ValueError(
+                f"LearnerConfig.opd_mode must be gated or signed, got {self.opd_mode!r}"
+            )
+        if self.opd_clip is not None and (self.opd_mode != "signed" or self.opd_clip <= 0):
+            raise ValueError("LearnerConfig.opd_clip must be > 0 and needs opd_mode='signed'")
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"LearnerConfig.value_clip must be > 0 or None, got {self.value_clip}")
         for name in ("policy_trainable", "critic_trainable"):

@@ -148,8 +148,14 @@ class Learner:
         """One learner iteration on a loader batch; returns host metrics (floats).
 
         During critic warm-up the iteration trains the critic only (`phase` = 0); afterwards it
-        makes the algorithm's policy step(s) and K critic steps (`phase` = 1).
+        makes the algorithm's policy step(s) and K critic steps (`phase` = 1). SEED algorithms
+        (`algorithm.opd`) need `batch["skill_logp"]` [R, T] (`sao_jax.seed.SeedLearner` adds it).
         """
+        if self.algorithm.opd and not self.in_warmup and "skill_logp" not in batch:
+            raise ValueError(
+                f"Learner: algorithm {self.algorithm.name!r} needs batch['skill_logp'] [R, T], "
+                "the action tokens re-scored with a skill in context (sao_jax.seed.SeedLearner)"
+            )
         device_batch = self._device_batch(batch)
         fns = self._functions(device_batch)
         staleness = _staleness(batch, self.counters.policy_version)
@@ -229,6 +235,8 @@ class Learner:
         if missing:
             raise ValueError(f"Learner: batch lacks {missing}; expected an atdp_io loader batch")
         host = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
+        if self.algorithm.opd and "skill_logp" in batch:
+            host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
         if self.algorithm.advantage == "group":
             host["group_id"] = adv_lib.prompt_group_ids(host)
         if jax.process_count() > 1:  # trajectory slots are per host; make them global

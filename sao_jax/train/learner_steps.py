@@ -107,6 +107,14 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         "load_balance_weight": config.load_balance_loss_weight,
         "z_weight": config.router_z_loss_weight,
     }
+    opd = None
+    if algorithm.opd:
+        opd = {
+            "lambda": config.opd_lambda,
+            "beta": config.opd_beta,
+            "mode": config.opd_mode,
+            "clip": config.opd_clip,
+        }
 
     def prepare(policy_params, policy_frozen, *rest):
         *critic_state, batch = rest
@@ -172,6 +180,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 policy_loss,
                 entropy_coef=config.entropy_coef,
                 chunk_size=config.logprob_chunk_size,
+                opd=opd,
                 **aux_weights,
             )
 

@@ -9,11 +9,12 @@ of that same state (the prefix before token t). Column 0 predicts nothing and is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from sao_jax.losses import masked_token_mean, sao_value_loss
+from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
 from sao_jax.models import Critic, MoeAux, Transformer
 
 Batch = Mapping[str, jax.Array]
@@ -66,15 +67,19 @@ def policy_gradient_loss(
     load_balance_weight: float,
     z_weight: float,
     chunk_size: int,
+    opd: Mapping[str, Any] | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """The policy objective: `policy_loss(logp, behaviour_logp, A, mask)` + aux - entropy bonus.
 
     Args:
       advantages, behaviour_logp: [R, T] (behaviour: rollout log-probs or the old policy's).
       policy_loss: a `sao_jax.losses.get_policy_loss(...)` function.
+      opd: SEED: `{"lambda": w, "beta": b, "mode": m, "clip": c}` adds
+        `w * seed_opd_loss(logp, batch["skill_logp"], mask, ...)` (None: no such term).
     Returns:
       (loss, metrics) with the objective's metrics plus `entropy`, `load_balance_loss`,
-      `router_z_loss`, `expert_dropped_fraction`, `policy_objective` (before aux terms).
+      `router_z_loss`, `expert_dropped_fraction`, `policy_objective` (before aux terms), and
+      with `opd`: `opd_loss`, `opd_delta_mean`, `opd_gate_mean` (or `opd_clip_frac`).
     """
     mask = action_mask(batch)
     logp, entropy, aux = policy_logprobs(policy, batch, chunk_size=chunk_size)
@@ -82,6 +87,13 @@ def policy_gradient_loss(
     mean_entropy = masked_token_mean(entropy, mask)
     loss = objective + aux_loss(aux, load_balance_weight, z_weight) - entropy_coef * mean_entropy
     metrics = dict(metrics)
+    if opd is not None:
+        opd_value, opd_metrics = seed_opd_loss(
+            logp, batch["skill_logp"], mask, beta=opd["beta"], mode=opd["mode"], clip=opd["clip"]
+        )
+        loss = loss + opd["lambda"] * opd_value
+        metrics["opd_loss"] = opd_value
+        metrics.update({f"opd_{k}": v for k, v in opd_metrics.items()})
     metrics.update(
         policy_objective=objective,
         entropy=jax.lax.stop_gradient(mean_entropy),

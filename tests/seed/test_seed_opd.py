@@ -137,7 +137,7 @@ def test_seed_learner_runs_the_opd_step_and_reports_its_cost(batch):
         max_skill_tokens=64,
     )
     seen = []
-    learner.on_skills = seen.extend
+    learner.on_skills = lambda records, skills: seen.extend(zip(records, skills, strict=True))
     before = learner.policy_logprobs(batch)
     metrics = learner.iteration(batch)
     assert learner.policy_version == 1
