@@ -55,7 +55,7 @@ class CompareConfig:
     out_dir: str = ""
     resume: bool = False
     preset: str = "tiny"
-    algorithms: tuple[str, ...] = ("sao", "grpo", "grpo_dis", "ppo")
+    algorithms: tuple[str, ...] = ("sao", "grpo", "grpo_dis", "ppo", "sao_seed", "grpo_seed")
     seeds: tuple[int, ...] = (0, 1)
     env_steps: int = 3000
     max_policy_steps: int = 10_000
@@ -63,8 +63,12 @@ class CompareConfig:
 
 
 def run_config(config: CompareConfig, algorithm: str, seed: int, warm_start_from: str | None):
-    """The `ExperimentConfig` of one run of the comparison."""
+    """The `ExperimentConfig` of one run of the comparison (SEED algorithms: an
+    `experiments.alfworld_seed` config, whose stage 1 starts from the shared warm start)."""
     from experiments.alfworld_sao import PRESETS
+
+    if _is_seed(algorithm):
+        from experiments.alfworld_seed import PRESETS
 
     overrides = [
         f"out_dir={Path(config.out_dir) / f'{algorithm}-seed{seed}'}",
@@ -78,6 +82,12 @@ def run_config(config: CompareConfig, algorithm: str, seed: int, warm_start_from
     if warm_start_from is not None:
         overrides.append(f"warm_start.from_run={warm_start_from}")
     return apply_overrides(PRESETS[config.preset], overrides)
+
+
+def _is_seed(algorithm: str) -> bool:
+    from sao_jax.train import get_algorithm
+
+    return get_algorithm(algorithm).opd
 
 
 def _tail_means(records: list[dict], keys=TAIL_KEYS) -> dict[str, float]:
@@ -109,6 +119,7 @@ def _seed_averaged(runs: list[list[dict]], keys=PLOT_KEYS) -> list[dict]:
 def compare(config: CompareConfig) -> dict:
     """Run every (algorithm, seed), then write the table and the plot; returns the results."""
     from experiments.alfworld_run import run
+    from experiments.alfworld_seed import run as seed_run
     from sao_jax.metrics import plot_learning_curves, read_metrics, summary_table
     from sao_jax.train import get_algorithm
 
@@ -123,7 +134,8 @@ def compare(config: CompareConfig) -> dict:
             if config.resume and (run_dir / "summary.json").is_file():
                 summary = json.loads((run_dir / "summary.json").read_text())
             else:
-                summary = run(run_config(config, algorithm, seed, warm_start_from))
+                runner = seed_run if _is_seed(algorithm) else run
+                summary = runner(run_config(config, algorithm, seed, warm_start_from))
             warm_start_from = warm_start_from or str(run_dir)
             history = read_metrics(run_dir)
             summary = dict(summary, **_tail_means(history))
