@@ -215,7 +215,7 @@ def micro() -> OnlineConfig:
         env=base.env,
         learner=dataclasses.replace(base.learner, critic_warmup_steps=0),
         warm_start=dataclasses.replace(base.warm_start, demo_episodes=4, steps=2, dagger_rounds=0),
-        serving=ServingSpec(num_slots=8, decode_steps=4),
+        serving=ServingSpec(num_slots=4, decode_steps=4, max_prefill_batch=1),  # few compiles
         agent=AgentSpec(concurrency=4, stop_timeout_s=20.0),
         # staleness 0: the second batch can only hold calls served with the first update
         online=OnlineSpec(policy_steps=2, rows=8, seq_len=320, max_staleness=0, idle_timeout_s=1.0),
