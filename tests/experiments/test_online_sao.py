@@ -19,6 +19,8 @@ from experiments.alfworld_run import WARM_START_DIR, build_model, build_tokenize
 from experiments.online_agent import AgentConfig
 from experiments.online_serving import AgentError, AgentFleet
 from sao_jax.checkpoint import Checkpointer
+from sao_jax.envs.alfworld import AlfworldEnv
+from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
 from sao_jax.metrics import read_metrics
 from sao_jax.train import Learner
 
@@ -85,6 +87,8 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
         ]
         calls = [e.llm for _, e in trajectory.llm_events()]
         assert len(calls) == len(prompts) == len(episode["calls"])
+        # the prompts reached the record unchanged (no redaction hit the game's text)
+        assert prompts == _harness_prompts(config, episode)
         rows, _ = trajectory_rows(trajectory, "windowed")
         for prompt, call, sent, row in zip(prompts, calls, episode["calls"], rows, strict=True):
             # the exact tokens the cloned policy was trained on: the harness prompt as one
@@ -110,6 +114,23 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
     logp = learner.policy_logprobs(batch)
     mask = batch["loss_mask"] > 0
     np.testing.assert_allclose(logp[mask], batch["rollout_logp"][mask], atol=2e-3)
+
+
+def _harness_prompts(config, episode) -> list[str]:
+    """The prompts the agent sent in `episode`, replayed on a fresh game with its replies."""
+    env = AlfworldEnv(
+        config.env.split, size=config.env.size, phrasing=config.env.phrasing,
+        max_steps=config.env.max_steps,
+    )  # fmt: skip
+    harness = AlfworldHarness(
+        env, HarnessConfig(history_length=config.rollout.history_length, think=False)
+    )
+    prompt, _ = harness.reset(episode["game"])
+    prompts = [prompt]
+    for call in episode["calls"][:-1]:
+        prompt, *_ = harness.step(call["reply"])
+        prompts.append(prompt)
+    return prompts
 
 
 def test_bad_config_exits_with_a_message_naming_the_problem(tmp_path, capsys):
