@@ -4,6 +4,7 @@ the worker. Then: what the proxy recorded is what the agent saw and what the lea
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -114,6 +115,35 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
     logp = learner.policy_logprobs(batch)
     mask = batch["loss_mask"] > 0
     np.testing.assert_allclose(logp[mask], batch["rollout_logp"][mask], atol=2e-3)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_agent_and_the_server_and_leaves_nothing_running(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "experiments.online_sao", *MICRO, "--out", str(out),
+               "online.policy_steps=50", "eval.num_games=1"]  # fmt: skip
+    stderr = tmp_path / "stderr.log"
+    with open(stderr, "w") as sink:  # a file, not a pipe: a full pipe would block the run
+        run = subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=sink,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+    episodes = out / "agent" / "episodes.jsonl"
+    try:
+        deadline = time.time() + 300
+        while not (episodes.exists() and episodes.stat().st_size) and time.time() < deadline:
+            assert run.poll() is None, stderr.read_text()
+            time.sleep(0.5)
+        os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C sends: the whole group
+        assert run.wait(120) == 130
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert "interrupted; resume with" in stderr.read_text()
+    left = subprocess.run(["pgrep", "-g", str(run.pid)], capture_output=True, text=True)
+    assert left.stdout == ""  # no agent, no server thread's process, nothing
+    assert json.loads((out / "agent" / "stats.json").read_text())["errors"] == 0
 
 
 def _harness_prompts(config, episode) -> list[str]:
