@@ -64,6 +64,7 @@ def agent_config(config: OnlineConfig, url: str) -> AgentConfig:
 
 
 def worker_config(config: OnlineConfig) -> WorkerConfig:
+    """The serving worker's batch, context and admission for this run."""
     spec = config.serving
     return WorkerConfig(
         preset=None,
