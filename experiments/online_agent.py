@@ -56,6 +56,8 @@ class AgentConfig:
       request_timeout_s: one completion's HTTP timeout (first calls wait for XLA compiles).
       max_retries: the openai client's retries of 429 / 5xx / connection errors.
       max_consecutive_errors: give up (exit 1) after this many failed games in a row.
+      stop_grace_s: once stopped, how long calls in flight may finish before their games are
+        abandoned and the agent exits.
     """
 
     url: str
@@ -77,6 +79,7 @@ class AgentConfig:
     request_timeout_s: float = 600.0
     max_retries: int = 8
     max_consecutive_errors: int = 20
+    stop_grace_s: float = 5.0
 
     def __post_init__(self):
         for name in ("concurrency", "max_steps", "max_tokens", "max_consecutive_errors"):
@@ -144,8 +147,10 @@ class AgentStats:
             }
 
     def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
+        with self._lock:  # a game still finishing after this is not logged
+            if self._log is not None:
+                self._log.close()
+                self._log = None
 
 
 class Agent:
@@ -178,9 +183,14 @@ class Agent:
         ]
         for thread in threads:
             thread.start()
+        while not self.stop.wait(0.5) and any(t.is_alive() for t in threads):
+            pass
+        # calls in flight get a grace period, then are abandoned with their games (the
+        # threads are daemons): a reply stuck behind an XLA compile must not delay the exit
+        deadline = time.monotonic() + self.config.stop_grace_s
         for thread in threads:
-            while thread.is_alive():
-                thread.join(timeout=0.5)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.stats.add(abandoned=sum(t.is_alive() for t in threads))
         self.stats.close()
         return self.stats.snapshot()
 

@@ -120,14 +120,19 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
 @pytest.mark.slow
 def test_ctrl_c_stops_the_agent_and_the_server_and_leaves_nothing_running(tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "experiments.online_sao", *MICRO, "--out", str(out),
-               "online.policy_steps=50", "eval.num_games=1"]  # fmt: skip
+    argv = [*MICRO, "--out", str(out), "online.policy_steps=50", "eval.num_games=1"]
+    # a job started in the background ignores SIGINT; a terminal's foreground job does not
+    launcher = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['online_sao', *sys.argv[1:]]; "
+        "runpy.run_module('experiments.online_sao', run_name='__main__', alter_sys=True)"
+    )
+    command = [sys.executable, "-c", launcher, *argv]
     stderr = tmp_path / "stderr.log"
     with open(stderr, "w") as sink:  # a file, not a pipe: a full pipe would block the run
         run = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=sink,
             start_new_session=True,  # its own process group, as a terminal's foreground job
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
     episodes = out / "agent" / "episodes.jsonl"
     try:
@@ -136,13 +141,14 @@ def test_ctrl_c_stops_the_agent_and_the_server_and_leaves_nothing_running(tmp_pa
             assert run.poll() is None, stderr.read_text()
             time.sleep(0.5)
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C sends: the whole group
-        assert run.wait(120) == 130
+        assert run.wait(120) == 130, stderr.read_text()[-3000:]
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert "interrupted; resume with" in stderr.read_text()
     left = subprocess.run(["pgrep", "-g", str(run.pid)], capture_output=True, text=True)
-    assert left.stdout == ""  # no agent, no server thread's process, nothing
+    assert left.stdout == "", subprocess.run(["ps", "-o", "pid,cmd", "-g", str(run.pid)],
+                                             capture_output=True, text=True).stdout  # fmt: skip
     assert json.loads((out / "agent" / "stats.json").read_text())["errors"] == 0
 
 
