@@ -15,9 +15,16 @@ import numpy as np
 
 from atdp_io import EventKind, Trajectory
 from sao_jax.envs.alfworld import parse_reply
+from sao_jax.envs.alfworld.game import TASK_TEMPLATES
 from sao_jax.tokenizers import Tokenizer
 
 _TASK = re.compile(r"Your task is to: (.*?)\.\s*$", re.MULTILINE)
+# Every task sentence of each type, objects and receptacles as single words (display names).
+_TASK_SENTENCES = [
+    (task_type, re.compile(re.escape(t).replace(r"\{obj\}", r"\w+").replace(r"\{recep\}", r"\w+")))
+    for task_type, pair in TASK_TEMPLATES.items()
+    for t in pair
+]
 _OBSERVATION = re.compile(r"current observation is: (.*?)\n\s*Your admissible", re.DOTALL)
 
 
@@ -110,12 +117,20 @@ def from_batch(
         records[int(k)] = EpisodeRecord(
             trajectory_id="",
             task=task,
-            task_type="",
+            task_type=task_type_of(task),
             actions=tuple(actions),
             observations=tuple(observations),
             success=bool(np.any(rewards[rows] > 0)),
         )
     return records
+
+
+def task_type_of(sentence: str) -> str:
+    """The ALFWorld task type whose sentence template `sentence` fits ("" if none)."""
+    for task_type, pattern in _TASK_SENTENCES:
+        if pattern.fullmatch(sentence):
+            return task_type
+    return ""
 
 
 def _mask_spans(mask_row: np.ndarray) -> list[tuple[int, int]]:

@@ -39,6 +39,7 @@ def test_from_batch_decodes_each_trajectory_back(store, layout):
     for record in records.values():
         expected = by_task[record.task]  # the task sentence came back from the prompt
         assert any(e.actions == record.actions for e in expected)
+        assert record.task_type == expected[0].task_type != ""
         assert any(e.success == record.success for e in expected)
         assert len(record.observations) == len(record.actions)
 
