@@ -6,10 +6,11 @@
 
 Joins the job through `sao_jax.distributed.initialize`, builds a hybrid mesh (expert within a
 process, fsdp across processes), reads this process's shard of the ATDP buffer through the
-loader, runs one SAO learner iteration (DIS policy step + critic steps), logs on process 0,
-saves and restores an orbax checkpoint collectively, reshards the policy to a rollout layout
-(same devices, and another device subset through host memory), and has process 0 write every
-trained parameter to OUT_DIR/params.npz plus its checks to OUT_DIR/worker.json.
+loader (the grain shard of its index, disjoint from the other process's), runs one SAO learner
+iteration (DIS policy step + critic steps), logs on process 0, saves and restores an orbax
+checkpoint collectively, reshards the policy to a rollout layout (same devices, and another
+device subset through host memory), and has process 0 write every trained parameter to
+OUT_DIR/params.npz plus its checks to OUT_DIR/worker.json.
 
 `--reference` runs the same iteration in one process on 4 devices with a mesh of the same
 shape, on the batch both shards make together, and writes OUT_DIR/reference.npz.
@@ -79,8 +80,16 @@ def main(store_dir: str, out_dir: str) -> None:
     mesh = make_global_mesh(HYBRID)
     checks: dict = {"mesh": describe_mesh(mesh)}
 
-    batch = next(iter(make_loader(AtdpStore.open(store_dir)).epoch(shuffle=False)))
+    store = AtdpStore.open(store_dir)
+    batch = next(iter(make_loader(store).epoch(shuffle=False)))
     assert batch["tokens"].shape == (ROWS, SEQ_LEN)  # this process's rows only
+    # The loader's default shard is this process's: the grain shard of that index, and the
+    # processes' trajectories are disjoint.
+    own = shard_batch(store, info.process_index, info.process_count)
+    checks["loader_own_shard"] = all(np.array_equal(batch[k], own[k]) for k in own)
+    every = multihost_utils.process_allgather(batch["tokens"] * (batch["loss_mask"] > 0))
+    rows = [{r.tobytes() for r in tokens if r.any()} for tokens in every]
+    checks["loader_disjoint"] = all(rows) and not rows[0] & rows[1]
     learner = Learner(learner_config(), init_model(MODEL, mesh=mesh), mesh=mesh)
     with MetricsWriter(out, tensorboard=False) as log:
         metrics = learner.iteration(batch)
