@@ -53,3 +53,17 @@ def test_bad_seed_overrides_are_named(capsys):
     with pytest.raises(SystemExit):
         alfworld_seed.parse(["--config", "micro", "learner.algorithm=seed"])
     assert "unknown algorithm 'seed'" in capsys.readouterr().err
+
+
+def test_compare_algos_gives_seed_algorithms_a_seed_config(tmp_path):
+    from experiments import compare_algos
+
+    config = compare_algos.CompareConfig(out_dir=str(tmp_path), preset="micro")
+    assert {"sao_seed", "grpo_seed"} <= set(config.algorithms)
+    run = compare_algos.run_config(config, "grpo_seed", 1, str(tmp_path / "sao-seed1"))
+    assert isinstance(run, alfworld_seed.SeedExperimentConfig)
+    assert (run.learner.algorithm, run.seed) == ("grpo_seed", 1)
+    assert run.warm_start.from_run == str(tmp_path / "sao-seed1")
+    assert run.hindsight == alfworld_seed.PRESETS["micro"].hindsight
+    plain = compare_algos.run_config(config, "sao", 1, None)
+    assert not hasattr(plain, "hindsight") and plain.learner.algorithm == "sao"
