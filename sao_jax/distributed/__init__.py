@@ -1,6 +1,7 @@
 """Scale-out: multi-process start-up, meshes across processes and slices, disaggregated
 rollout / training meshes with weight resharding, TPU topologies and the memory dry-run."""
 
+from sao_jax.distributed.job import DcnMeshConfig, Job, MeshSpec, setup_job
 from sao_jax.distributed.mesh import (
     HybridMeshConfig,
     describe_mesh,
@@ -31,9 +32,12 @@ from sao_jax.distributed.runtime import (
 )
 
 __all__ = [
+    "DcnMeshConfig",
     "DisaggregatedMeshes",
     "DistributedConfig",
     "HybridMeshConfig",
+    "Job",
+    "MeshSpec",
     "ProcessInfo",
     "add_flags",
     "barrier",
@@ -49,6 +53,7 @@ __all__ = [
     "process_info",
     "reshard",
     "rollout_shardings",
+    "setup_job",
     "shutdown",
     "split_devices",
     "split_flags",
