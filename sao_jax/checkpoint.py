@@ -36,11 +36,11 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 METADATA_ITEM = "metadata"
@@ -115,11 +115,22 @@ def abstract_tree(tree: Any, shardings: Any = None) -> Any:
     )
 
 
+def checkpoint_directory(directory: str | os.PathLike) -> epath.Path:
+    """Where a `Checkpointer` writes: a URL (`gs://bucket/run/checkpoints`, any scheme
+    `etils.epath` knows) kept as the URL, a local path made absolute. Touches nothing."""
+    text = os.fspath(directory)
+    if "://" in text:
+        return epath.Path(text)
+    return epath.Path(os.path.abspath(text))
+
+
 class Checkpointer:
     """Named items + JSON metadata per step, asynchronous, keeping the last `max_to_keep`.
 
     Args:
-      directory: root of the step directories (created unless `create=False`).
+      directory: root of the step directories (created unless `create=False`): a local path
+        or a URL such as `gs://bucket/run/checkpoints` (every process of a multi-host job
+        must see the same one).
       max_to_keep: finished steps kept on disk (older ones are deleted); None keeps all.
       save_interval_steps: `save` writes only on multiples of this (unless `force=True`).
       async_save: write in a background thread (default) or block in `save`.
@@ -134,7 +145,7 @@ class Checkpointer:
         async_save: bool = True,
         create: bool = True,
     ):
-        self.directory = Path(directory).absolute()
+        self.directory = checkpoint_directory(directory)
         if not create and not self.directory.is_dir():
             raise CheckpointNotFoundError(f"no checkpoint directory at {self.directory}")
         if max_to_keep is not None and max_to_keep < 1:
@@ -306,8 +317,8 @@ class Checkpointer:
                 f"item {name!r} of step {step} does not match the target:\n  {shown}{more}"
             )
 
-    def _step_dir(self, step: int) -> Path:
-        return Path(self._manager.directory) / str(step)
+    def _step_dir(self, step: int) -> epath.Path:
+        return epath.Path(self._manager.directory) / str(step)
 
     def _corrupt(self, step: int, error: Exception) -> CorruptCheckpointError:
         return CorruptCheckpointError(

@@ -18,6 +18,7 @@ from sao_jax.checkpoint import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     abstract_tree,
+    checkpoint_directory,
 )
 
 
@@ -244,6 +245,31 @@ def test_missing_and_empty_directories(tmp_path):
         assert ckpt.latest_step() is None
         with pytest.raises(CheckpointNotFoundError, match="no finished checkpoint"):
             ckpt.restore()
+
+
+def test_cloud_urls_reach_orbax_unchanged_and_local_paths_become_absolute(tmp_path, monkeypatch):
+    assert str(checkpoint_directory("gs://bucket/run/checkpoints")) == "gs://bucket/run/checkpoints"
+    assert str(checkpoint_directory("gs://bucket/run/checkpoints") / "7") == (
+        "gs://bucket/run/checkpoints/7"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert str(checkpoint_directory("runs/ckpt")) == str(tmp_path / "runs" / "ckpt")
+    with Checkpointer("runs/ckpt") as ckpt:  # relative: still found after a chdir
+        ckpt.save(1, {"train": {"x": jnp.ones(2)}})
+    monkeypatch.chdir("/")
+    with Checkpointer(tmp_path / "runs" / "ckpt", create=False) as ckpt:
+        assert ckpt.all_steps() == [1]
+
+    opened = []  # what orbax is handed for a bucket, without reaching the network
+
+    class Manager:
+        def __init__(self, directory, options):
+            opened.append(directory)
+
+    monkeypatch.setattr("orbax.checkpoint.CheckpointManager", Manager)
+    ckpt = Checkpointer("gs://bucket/run/checkpoints")
+    assert [str(d) for d in opened] == ["gs://bucket/run/checkpoints"]
+    assert str(ckpt.directory) == "gs://bucket/run/checkpoints"
 
 
 def test_wrong_requests_are_named(tmp_path):
