@@ -118,7 +118,7 @@ def _seed_averaged(runs: list[list[dict]], keys=PLOT_KEYS) -> list[dict]:
 
 def compare(config: CompareConfig) -> dict:
     """Run every (algorithm, seed), then write the table and the plot; returns the results."""
-    from experiments.alfworld_run import run
+    from experiments.alfworld_run import WARM_START_DIR, run
     from experiments.alfworld_seed import run as seed_run
     from sao_jax.metrics import plot_learning_curves, read_metrics, summary_table
     from sao_jax.train import get_algorithm
@@ -136,7 +136,10 @@ def compare(config: CompareConfig) -> dict:
             else:
                 runner = seed_run if _is_seed(algorithm) else run
                 summary = runner(run_config(config, algorithm, seed, warm_start_from))
-            warm_start_from = warm_start_from or str(run_dir)
+            if warm_start_from is None and (run_dir / WARM_START_DIR).is_dir():
+                # a run started from `warm_start.from_run` in run_overrides saves no warm start
+                # of its own; the others then take that same one from run_overrides
+                warm_start_from = str(run_dir)
             history = read_metrics(run_dir)
             summary = dict(summary, **_tail_means(history))
             results[algorithm].append(summary)

@@ -104,3 +104,20 @@ def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path):
     assert not (tmp_path / "grpo-seed0" / "warm_start").exists()
     assert (tmp_path / "comparison.png").stat().st_size > 10_000
     assert "GRPO" in (tmp_path / "comparison.txt").read_text()
+
+    # A comparison started from an earlier run's warm start (in run_overrides) gives that one
+    # warm start to every algorithm (its runs save none of their own to pass along).
+    again = compare_algos.main(
+        [
+            "--out",
+            str(tmp_path / "again"),
+            "preset=micro",
+            "algorithms=[grpo,grpo_dis]",
+            "seeds=[0]",
+            "env_steps=4",
+            "run_overrides=[progress=false,tensorboard=false,eval.num_games=2,"
+            f"warm_start.from_run={tmp_path / 'sao-seed0'}]",
+        ]
+    )
+    starts = {s["unseen_success_start"] for runs in again["runs"].values() for s in runs}
+    assert starts == {sao["unseen_success_start"]}
