@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -64,8 +65,11 @@ def plot_learning_curves(
     smoothing: float = 0.6,
     title: str | None = None,
     columns: int = 3,
-) -> Path:
+) -> Path | None:
     """Write one panel per metric, step on the x axis, and return the PNG path.
+
+    Only process 0 draws (like `MetricsWriter`, which writes metrics.jsonl there alone);
+    elsewhere nothing is read or written and None is returned.
 
     Args:
       metrics: a metrics.jsonl path (or run dir, or a list of records), or a mapping
@@ -75,6 +79,8 @@ def plot_learning_curves(
         Series of fewer than 10 points are drawn raw, with markers.
     Non-finite points are left out and counted in the panel title.
     """
+    if jax.process_index() != 0:
+        return None
     runs = (
         {label: _records(source) for label, source in metrics.items()}
         if isinstance(metrics, Mapping)

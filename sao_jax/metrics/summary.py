@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 from tabulate import tabulate
 
 from sao_jax.metrics.writer import encode_value, flatten_metrics, to_scalar
@@ -54,9 +55,13 @@ def summary_table(
     return tabulate(table, headers=columns, floatfmt=floatfmt, tablefmt=tablefmt)
 
 
-def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path:
+def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path | None:
     """Write `out_dir/summary.json` (numbers as in metrics.jsonl: non-finite as "nan"/"inf",
-    0-d arrays as numbers, nested dicts kept) and return its path."""
+    0-d arrays as numbers, nested dicts kept) and return its path.
+
+    Only process 0 writes (like `MetricsWriter`); elsewhere the summary is validated the same
+    way, nothing is written and None is returned.
+    """
 
     def plain(value: Any, name: str) -> Any:
         if isinstance(value, Mapping):
@@ -66,8 +71,10 @@ def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path
         return encode_value(to_scalar(name, value))
 
     flatten_metrics(summary)  # validates the keys
+    text = json.dumps({k: plain(v, k) for k, v in summary.items()}, indent=2, allow_nan=False)
+    if jax.process_index() != 0:
+        return None
     path = Path(out_dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({k: plain(v, k) for k, v in summary.items()}, indent=2, allow_nan=False)
     path.write_text(text + "\n")
     return path

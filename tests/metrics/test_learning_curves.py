@@ -63,3 +63,14 @@ def test_errors(tmp_path):
         plot_learning_curves(run, tmp_path / "x.png", smoothing=1.0)
     with pytest.raises(FileNotFoundError):
         plot_learning_curves(tmp_path / "absent", tmp_path / "x.png")
+
+
+def test_only_process_zero_draws(tmp_path, monkeypatch):
+    run = write_run(tmp_path / "run", seed=0)
+    monkeypatch.setattr("jax.process_index", lambda: 1)
+    # other hosts have no metrics.jsonl (MetricsWriter writes on process 0 only): never read
+    assert plot_learning_curves(tmp_path / "absent", tmp_path / "other.png") is None
+    assert plot_learning_curves(run, tmp_path / "other.png") is None
+    assert not (tmp_path / "other.png").exists()
+    monkeypatch.setattr("jax.process_index", lambda: 0)
+    assert plot_learning_curves(run, tmp_path / "zero.png").exists()

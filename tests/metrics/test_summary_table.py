@@ -63,3 +63,14 @@ def test_save_summary_json(tmp_path):
     }
     with pytest.raises(ValueError, match="metric 'curve' must be"):
         save_summary(tmp_path, {"curve": np.ones(3)})
+
+
+def test_save_summary_on_process_zero_only(tmp_path, monkeypatch):
+    monkeypatch.setattr("jax.process_index", lambda: 2)
+    assert save_summary(tmp_path / "run", {"success": 0.5}) is None
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="metric 'curve' must be"):  # validated everywhere
+        save_summary(tmp_path / "run", {"curve": np.ones(3)})
+    monkeypatch.setattr("jax.process_index", lambda: 0)
+    path = save_summary(tmp_path / "run", {"success": 0.5})
+    assert json.loads(path.read_text()) == {"success": 0.5}
