@@ -104,17 +104,19 @@ def hindsight_sft(run: phases.Run, log: MetricsWriter) -> dict:
     labelled = label_and_store(
         run.store, played, analyzer, run.tokenizer, tenant=SEED_SFT, max_actions=spec.max_actions
     )
-    won = [t for t in played if t.outcome and t.outcome.success]
-    lost = [t for t in played if not (t.outcome and t.outcome.success)]
-    acting = [_to_tenant(t, SEED_SFT) for t in won] + relabel_all(
-        lost,
-        run.tokenizer,
-        think=config.rollout.think,
-        max_new_tokens=config.rollout.max_new_tokens,
-        tenant=SEED_SFT,
-    )
-    with run.store.writer(SEED_SFT) as writer:
-        writer.append(acting)
+    acting = []
+    if spec.sft_acting:
+        won = [t for t in played if t.outcome and t.outcome.success]
+        lost = [t for t in played if not (t.outcome and t.outcome.success)]
+        acting = [_to_tenant(t, SEED_SFT) for t in won] + relabel_all(
+            lost,
+            run.tokenizer,
+            think=config.rollout.think,
+            max_new_tokens=config.rollout.max_new_tokens,
+            tenant=SEED_SFT,
+        )
+        with run.store.writer(SEED_SFT) as writer:
+            writer.append(acting)
     loader = run.loader(SEED_SFT, rows=config.warm_start.rows, seq_len=config.warm_start.seq_len)
     cloner = BehaviourCloner(
         run.policy,

@@ -19,6 +19,8 @@ class SeedConfig:
       sft_episodes: episodes of the warm-started policy played and labelled for stage 1.
       sft_steps: joint acting + analysing fine-tuning steps (0: no stage 1).
       sft_learning_rate: learning rate of stage 1.
+      sft_acting: also fine-tune on acting data in stage 1 (won episodes as played, lost ones
+        relabelled by the expert); False trains on the skills (analysing) only.
       opd_analyzer: stage-2 analyzer: "self_policy" (SEED) or "rule_alfworld" / "openai".
       max_skill_tokens: skill-block budget of re-scored rows (S).
       max_skill_new_tokens: tokens a generated skill may take.
@@ -33,6 +35,7 @@ class SeedConfig:
     sft_episodes: int = 64
     sft_steps: int = 60
     sft_learning_rate: float = 1e-3
+    sft_acting: bool = True
     opd_analyzer: str = "self_policy"
     max_skill_tokens: int = 96
     max_skill_new_tokens: int = 48
