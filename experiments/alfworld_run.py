@@ -18,6 +18,8 @@ from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments.alfworld_sao import SPLITS, ExperimentConfig
 from experiments.alfworld_warm_start import clone_expert
 from sao_jax.checkpoint import Checkpointer
+from sao_jax.distributed.job import Job, setup_job
+from sao_jax.distributed.runtime import DistributedConfig
 from sao_jax.envs.alfworld import vocabulary
 from sao_jax.metrics import (
     MetricsWriter,
@@ -64,15 +66,16 @@ def build_tokenizer(config: ExperimentConfig) -> Tokenizer:
     return WordTokenizer.from_texts([" ".join(vocabulary())])
 
 
-def build_model(config: ExperimentConfig, tokenizer: Tokenizer) -> Transformer:
-    """The policy: a HF checkpoint, or the preset with overrides, randomly initialised."""
+def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Transformer:
+    """The policy: a HF checkpoint, or the preset with overrides, randomly initialised; created
+    sharded over `mesh` when there is one."""
     overrides = config.model.overrides()
     if config.model.hf_path:
-        return load_hf_qwen3_moe(config.model.hf_path, **overrides)
+        return load_hf_qwen3_moe(config.model.hf_path, mesh=mesh, **overrides)
     model_config = get_model_config(
         config.model.preset, vocab_size=tokenizer.vocab_size, **overrides
     )
-    return init_model(model_config, seed=config.seed)
+    return init_model(model_config, seed=config.seed, mesh=mesh)
 
 
 def resolve(config: ExperimentConfig) -> ExperimentConfig:
@@ -97,16 +100,19 @@ def resolve(config: ExperimentConfig) -> ExperimentConfig:
 class Run:
     """What the phases share: config, out dir, store, checkpoints, tokenizer, model, clocks."""
 
-    def __init__(self, config: ExperimentConfig):
+    def __init__(self, config: ExperimentConfig, job: Job | None = None):
+        # first: joins a multi-process job before anything touches a device
+        self.job = job if job is not None else setup_job(config.mesh)
+        self.mesh = self.job.mesh
         self.config = resolve(config)
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.store = AtdpStore.open(str(self.out / "atdp"))
+        self.store = AtdpStore.open(config.atdp_path or str(self.out / "atdp"))
         self.checkpointer = Checkpointer(
-            self.out / "checkpoints", max_to_keep=config.checkpoint_keep
+            config.checkpoint_dir or self.out / "checkpoints", max_to_keep=config.checkpoint_keep
         )
         self.tokenizer = build_tokenizer(config)
-        self.policy = build_model(config, self.tokenizer)
+        self.policy = build_model(config, self.tokenizer, self.mesh)
         self.step = 0  # metrics.jsonl step: cloning steps, then learner iterations
         # seconds per phase, summed over resumed segments; `total` also counts this one
         self.seconds = {"bc": 0.0, "eval": 0.0, "rl": 0.0, "total": 0.0}
@@ -119,9 +125,9 @@ class Run:
 
     def sampler(self, index: int) -> Sampler:
         """Sampler `index` for this model shape (worker `index`; 0 also evaluates)."""
-        key = (self.policy.config, self.tokenizer.pad_id, index)
+        key = (self.policy.config, self.tokenizer.pad_id, self.mesh, index)
         if key not in _SAMPLERS:
-            _SAMPLERS[key] = Sampler(self.policy, pad_id=self.tokenizer.pad_id)
+            _SAMPLERS[key] = Sampler(self.policy, pad_id=self.tokenizer.pad_id, mesh=self.mesh)
         return _SAMPLERS[key]
 
     def loader(self, tenant: str, *, current_version=lambda: 0, **config) -> AtdpLoader:
@@ -436,10 +442,13 @@ def print_summary(summary: dict) -> None:
     print(summary_table({k: v for k, v in summary.items() if not isinstance(v, dict)}))
 
 
-def run(config: ExperimentConfig) -> dict:
-    """Run (or resume) the experiment; returns the summary also written to DIR/summary.json."""
-    state = Run(config)
-    learner = Learner(state.config.learner, state.policy)
+def run(config: ExperimentConfig, *, distributed: DistributedConfig | None = None) -> dict:
+    """Run (or resume) the experiment; returns the summary also written to DIR/summary.json.
+
+    `distributed` (default: the environment) joins a multi-process job; only process 0 writes
+    metrics, the summary and the curve, and prints."""
+    state = Run(config, setup_job(config.mesh, distributed))
+    learner = Learner(state.config.learner, state.policy, mesh=state.mesh)
     meta = restore(state, learner) if config.resume else None
     with MetricsWriter(
         state.out,
@@ -449,7 +458,7 @@ def run(config: ExperimentConfig) -> dict:
     ) as log:
         if meta is None:
             warm_start(state, log)
-            learner = Learner(state.config.learner, state.policy)
+            learner = Learner(state.config.learner, state.policy, mesh=state.mesh)
         elif meta["phase"] != "rl" and budget_left(state, learner):
             meta["phase"] = "rl"  # a finished run resumed with a larger budget
             state.evals.pop("end", None)
@@ -467,10 +476,12 @@ def run(config: ExperimentConfig) -> dict:
     state.checkpointer.close()
     summary = summarize(state, learner)
     save_summary(state.out, summary)
-    records = read_metrics(state.out)
-    keys = [k for k in CURVE_KEYS if any(isinstance(r.get(k), int | float) for r in records)]
-    plot_learning_curves(records, state.out / "learning_curve.png", keys=keys, title=str(state.out))
-    print_summary(summary)
+    if state.job.is_primary:  # metrics.jsonl exists on process 0 only
+        records = read_metrics(state.out)
+        keys = [k for k in CURVE_KEYS if any(isinstance(r.get(k), int | float) for r in records)]
+        curve = state.out / "learning_curve.png"
+        plot_learning_curves(records, curve, keys=keys, title=str(state.out))
+        print_summary(summary)
     return summary
 
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 from sao_jax.config_cli import parse_cli
+from sao_jax.distributed.job import MeshSpec
+from sao_jax.distributed.runtime import split_flags
 from sao_jax.rollout import EnvConfig, RolloutConfig
 from sao_jax.train import LearnerConfig, OptimizerConfig
 
@@ -170,6 +172,11 @@ class ExperimentConfig:
       checkpoint_keep: checkpoints kept on disk.
       progress: show progress bars.
       tensorboard: also write TensorBoard event files.
+      mesh: device mesh (ici x dcn axis sizes); none given on one process: nothing sharded.
+      atdp_path: ATDP buffer location, a path or gs:// URL shared by every host (default:
+        DIR/atdp).
+      checkpoint_dir: checkpoint directory, a path or gs:// URL shared by every host
+        (default: DIR/checkpoints).
     """
 
     out_dir: str = ""
@@ -186,6 +193,9 @@ class ExperimentConfig:
     checkpoint_keep: int = 2
     progress: bool = True
     tensorboard: bool = True
+    mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
+    atdp_path: str = ""
+    checkpoint_dir: str = ""
 
 
 def tiny() -> ExperimentConfig:
@@ -279,11 +289,19 @@ def parse(argv: list[str] | None = None) -> ExperimentConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Parse the command line, run, print the summary table; returns the summary."""
+    """Parse the command line, run, print the summary table; returns the summary.
+
+    `--coordinator_address`, `--num_processes`, `--process_id` (or `SAO_*` variables) join a
+    multi-process job (`sao_jax.distributed`)."""
+    try:
+        distributed, argv = split_flags(sys.argv[1:] if argv is None else argv)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
     config = parse(argv)
     from experiments.alfworld_run import run  # heavy imports once the command line is valid
 
-    return run(config)
+    return run(config, distributed=distributed)
 
 
 if __name__ == "__main__":

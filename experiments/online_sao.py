@@ -186,7 +186,9 @@ class OnlineConfig:
         reuses (its `rl` only shapes DAgger rounds of the warm start)."""
         rl = RLSpec(policy_steps=self.online.policy_steps, max_staleness=self.online.max_staleness
                     or 0, rows=self.online.rows, seq_len=self.online.seq_len)  # fmt: skip
-        fields = {f.name for f in dataclasses.fields(ExperimentConfig)} - {"rl"}
+        # fields online has no counterpart for (mesh, atdp_path, ...) keep alfworld_sao's defaults
+        ours = {f.name for f in dataclasses.fields(self)}
+        fields = ({f.name for f in dataclasses.fields(ExperimentConfig)} & ours) - {"rl"}
         return ExperimentConfig(rl=rl, **{name: getattr(self, name) for name in fields})
 
 
