@@ -103,6 +103,14 @@ class Run:
     def __init__(self, config: ExperimentConfig, job: Job | None = None):
         # first: joins a multi-process job before anything touches a device
         self.job = job if job is not None else setup_job(config.mesh)
+        if self.job.info.process_count > 1:
+            # each process would run its own engine: the same ATDP partitions written twice,
+            # and decode steps on the shared mesh issued out of step (a hang)
+            raise NotImplementedError(
+                f"this run joined {self.job.info.process_count} processes, but the ALFWorld "
+                "experiments run one process (with any number of its devices in `mesh.*`): "
+                "multi-process rollouts are a known gap, see docs/scaling.md"
+            )
         self.mesh = self.job.mesh
         self.config = resolve(config)
         self.out = Path(config.out_dir)

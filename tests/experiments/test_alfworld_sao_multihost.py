@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from experiments import alfworld_run, alfworld_sao, launch_tpu
-from sao_jax.distributed import DcnMeshConfig
+from sao_jax.distributed import DcnMeshConfig, Job, ProcessInfo
 from sao_jax.sharding import MeshConfig
 
 LAUNCH = ["--topology", "v5p-64", "--tpu", "pod", "--bucket", "gs://b/run"]
@@ -72,3 +72,12 @@ def test_the_start_command_runs_micro_on_a_mesh_of_fake_devices(tmp_path, capsys
     meshes = {key[2] for key in alfworld_run._SAMPLERS}
     shapes = [dict(mesh.shape) for mesh in meshes if mesh is not None]
     assert {"data": 2, "fsdp": 2, "expert": 2, "tensor": 1} in shapes
+
+
+def test_a_multi_process_job_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    info = ProcessInfo(1, 2, 4, 8, "cpu", "explicit")
+    monkeypatch.setattr(alfworld_run, "setup_job", lambda spec, distributed=None: Job(info, None))
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
+    with pytest.raises(NotImplementedError, match=r"joined 2 processes.*docs/scaling\.md"):
+        alfworld_run.run(config)
+    assert not (tmp_path / "out" / "atdp").exists()
