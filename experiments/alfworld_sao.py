@@ -227,9 +227,6 @@ def tiny() -> ExperimentConfig:
             rows=128,
             seq_len=256,
             warmup_episodes=32,
-            # A short idle timeout hands over partial batches of the episodes that finish
-            # first, the short ones, i.e. the wins: an all-winner batch at advantage ~+7.
-            idle_timeout_s=30.0,
         ),
         eval=EvalSpec(num_envs=64),
     )
