@@ -46,6 +46,9 @@ class RolloutConfig:
       "concat" (one growing token stream per episode).
     think: ask for `<think>` reasoning before `<action>` (off for small models).
     win_reward, invalid_reply_penalty: reward on the winning step; added on a malformed reply.
+    inadmissible_penalty: added when a well-formed reply's command is not one of the admissible
+      commands the prompt lists ("Nothing happens."); 0 keeps the papers' reward (win and
+      malformed reply only), a small negative value penalises a policy that loops on one.
     max_new_tokens: reply length cap (the stop token counts).
     max_context_tokens: KV-cache positions per slot: a turn's input + `max_new_tokens` must
       fit (the cap of a whole concat episode), so every loader row fits a `seq_len` of this
@@ -65,6 +68,7 @@ class RolloutConfig:
     think: bool = False
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
+    inadmissible_penalty: float = 0.0
     max_new_tokens: int = 32
     max_context_tokens: int = 1024
     temperature: float = 1.0
@@ -414,7 +418,7 @@ class AgentLoop:
                 admissible=bool(info["admissible"]),
                 won=bool(info["won"]),
                 env_reward=config.win_reward * float(won_reward),
-                format_reward=0.0 if parsed.valid else config.invalid_reply_penalty,
+                format_reward=_reply_penalty(config, parsed.valid, bool(info["admissible"])),
                 seed=slot.seed,
                 started_at=slot.turn_started,
                 latency_s=time.time() - slot.turn_started,
@@ -464,3 +468,10 @@ class AgentLoop:
             worker_id=self.worker_id,
             started_at=slot.started_at,
         )
+
+
+def _reply_penalty(config: RolloutConfig, valid: bool, admissible: bool) -> float:
+    """The turn's reply-shape reward: malformed reply, else an inadmissible command, else 0."""
+    if not valid:
+        return config.invalid_reply_penalty
+    return 0.0 if admissible else config.inadmissible_penalty

@@ -58,7 +58,7 @@ class Turn:
     admissible: bool  # the command was admissible
     won: bool
     env_reward: float  # win_reward on the winning step, else 0
-    format_reward: float  # invalid_reply_penalty on a malformed reply, else 0
+    format_reward: float  # invalid_reply_penalty (malformed) / inadmissible_penalty, else 0
     seed: int
     started_at: float
     latency_s: float

@@ -22,6 +22,7 @@ from rollout_testlib import (
 from atdp_io import EventKind
 from sao_jax.envs.alfworld import AlfworldHarness, HarnessConfig
 from sao_jax.rollout import AgentLoop, RolloutConfig, WeightPublisher, sync_sampler
+from sao_jax.rollout.agent_loop import _reply_penalty
 
 
 def play(config, *, episodes=NUM_ENVS, env=None, games=None, **kwargs):
@@ -238,3 +239,14 @@ def test_bad_configs_name_the_problem():
         AgentLoop(sampler(), tokenizer(), env_config().make_envs(1), too_long)
     with pytest.raises(ValueError, match="AlfworldEnv"):
         AgentLoop(sampler(), tokenizer(), [], rollout_config())
+
+
+def test_reply_penalty_malformed_first_then_inadmissible_off_by_default():
+    default = RolloutConfig()
+    assert _reply_penalty(default, valid=False, admissible=False) == default.invalid_reply_penalty
+    # the papers' reward: a well-formed reply is never penalised, admissible or not
+    assert _reply_penalty(default, valid=True, admissible=False) == 0.0
+    shaped = RolloutConfig(inadmissible_penalty=-0.2)
+    assert _reply_penalty(shaped, valid=True, admissible=False) == -0.2
+    assert _reply_penalty(shaped, valid=True, admissible=True) == 0.0
+    assert _reply_penalty(shaped, valid=False, admissible=False) == shaped.invalid_reply_penalty
