@@ -91,7 +91,9 @@ class AtdpLoader:
     """Builds grain datasets over the partitions of `tenants`, read as `principal`.
 
     `current_version()` returns the learner's policy version (read at batch time for the
-    staleness filter); `clock()` gives the time for retention checks.
+    staleness filter); `clock()` gives the time for retention checks. `shard`: the default
+    shard of `epoch` / `stream` (None: one per JAX process; `ShardOptions(0, 1)` reads every
+    trajectory, e.g. when each process of a job reads a tenant of its own).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class AtdpLoader:
         config: LoaderConfig,
         current_version: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.time,
+        shard: grain.sharding.ShardOptions | None = None,
     ):
         if not tenants:
             raise ValueError("AtdpLoader: give at least one tenant")
@@ -110,6 +113,7 @@ class AtdpLoader:
         self.stats = LoaderStats()
         self.current_version = current_version
         self._clock = clock
+        self._shard = shard
         # Opening a reader checks (and audits) the principal's right to each partition up front.
         self.readers = {
             t: store.reader(t, principal=principal, purpose="training") for t in sorted(tenants)
@@ -128,11 +132,12 @@ class AtdpLoader:
     ) -> grain.IterDataset:
         """Batches over the trajectories committed now; `num_epochs` None repeats forever.
 
-        `shard` defaults to one shard per JAX process (`jax.process_index()` of
-        `jax.process_count()`); every host must use the same `seed`. Trajectories are read
-        `read_group` at a time (default: `rows`) on `read_threads` threads.
+        `shard` defaults to the loader's (its constructor's `shard`; when that is None too, one
+        shard per JAX process: `jax.process_index()` of `jax.process_count()`); every host must
+        use the same `seed`. Trajectories are read `read_group` at a time (default: `rows`) on
+        `read_threads` threads.
         """
-        shard = shard or _jax_process_shard()
+        shard = shard or self._shard or _jax_process_shard()
         snapshot = self._snapshot()
         self.stats.add("epoch_trajectories", len(snapshot))
         ds = grain.MapDataset.source(snapshot)
@@ -156,9 +161,10 @@ class AtdpLoader:
         """Batches of trajectories closed after the cursor, waiting for new commits.
 
         Without `idle_timeout_s` a `next()` blocks until a batch fills; with it, the stream
-        emits a last partial batch and ends after that long without a new trajectory.
+        emits a last partial batch and ends after that long without a new trajectory. `shard`:
+        as for `epoch`.
         """
-        shard = shard or _jax_process_shard()
+        shard = shard or self._shard or _jax_process_shard()
         group = read_group or self.config.rows
         source = StreamSource(self, shard, poll_interval_s, idle_timeout_s, group)
         return TrajectoryBatcher(source, self)
