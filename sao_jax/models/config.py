@@ -136,6 +136,25 @@ class ModelConfig:
 
 
 _PRESETS: dict[str, ModelConfig] = {
+    # Unit tests: the smallest MoE that still takes every routed path -- 4 experts with top-2
+    # routing (weighted combine; capacity drops at the default capacity_factor), grouped-query
+    # attention (2 query heads per KV head), two layers so per-layer state stacks. The model
+    # has no shared expert; add `dense_layers=(1,)` to exercise the dense MLP.
+    "test": ModelConfig(
+        vocab_size=64,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_token=2,
+        moe_intermediate_size=32,
+        dense_intermediate_size=64,
+        tie_embeddings=True,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+    ),
     # CPU demo: trains and samples in minutes on 2 cores.
     "tiny": ModelConfig(
         vocab_size=512,

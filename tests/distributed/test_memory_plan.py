@@ -59,21 +59,7 @@ def test_mesh_presets_fill_the_slice_and_split_slices_by_data():
     assert mesh_preset(parse_topology("v6e-8"), num_experts=0).ici.expert == 1
 
 
-SMALL = get_model_config(
-    "tiny",
-    vocab_size=64,
-    d_model=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    num_experts=4,
-    num_experts_per_token=2,
-    moe_intermediate_size=32,
-    dense_intermediate_size=64,
-    tie_embeddings=True,
-    capacity_factor=0.0,
-)
+SMALL = get_model_config("test", vocab_size=64, num_layers=1, capacity_factor=0.0)
 MESH = {"data": 1, "fsdp": 2, "expert": 2, "tensor": 1}
 
 

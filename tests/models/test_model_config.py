@@ -6,7 +6,7 @@ import jax
 import pytest
 from flax import nnx
 
-from sao_jax.models import ModelConfig, Transformer, get_model_config, preset_names
+from sao_jax.models import ModelConfig, Transformer, get_model_config, init_model, preset_names
 
 
 def _param_count(config: ModelConfig) -> int:
@@ -63,3 +63,18 @@ def test_unregistered_dispatch_fails_at_construction():
     config = get_model_config("tiny", moe_dispatch="no_such_dispatch")
     with pytest.raises(ValueError, match="'no_such_dispatch' is not registered"):
         Transformer(config, rngs=nnx.Rngs(0))
+
+
+def test_test_preset_is_the_smallest_and_routes_through_every_moe_path():
+    config = get_model_config("test")
+    # what the unit tests rely on it to exercise
+    assert config.num_experts > config.num_experts_per_token > 1
+    assert config.num_heads > config.num_kv_heads  # grouped-query attention
+    assert config.num_layers > 1 and all(map(config.is_moe_layer, range(config.num_layers)))
+    assert _param_count(config) < _param_count(get_model_config("tiny"))  # the next smallest
+
+    model = init_model(config, seed=0)
+    tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, config.vocab_size)
+    aux = nnx.jit(lambda m, x: m.forward(x).aux)(model, tokens)
+    assert aux.expert_load.shape == (config.num_layers, config.num_experts)
+    assert (aux.expert_load > 0).sum(axis=1).min() > config.num_experts_per_token

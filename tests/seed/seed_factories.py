@@ -23,17 +23,7 @@ def word_tokenizer() -> WordTokenizer:
 
 def tiny_policy(seed: int = 0):
     config = get_model_config(
-        "tiny",
-        vocab_size=word_tokenizer().vocab_size,
-        d_model=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        num_experts=4,
-        moe_intermediate_size=32,
-        dense_intermediate_size=64,
-        capacity_factor=0.0,
+        "test", vocab_size=word_tokenizer().vocab_size, num_layers=1, capacity_factor=0.0
     )
     return init_model(config, seed=seed)
 

@@ -27,18 +27,7 @@ TENANT = "train-tests"
 
 def tiny_policy(seed: int = 0, **overrides):
     """A 2-layer MoE policy small enough to compile and step in a second or two."""
-    config = get_model_config(
-        "tiny",
-        vocab_size=VOCAB,
-        d_model=32,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        num_experts=4,
-        moe_intermediate_size=32,
-        dense_intermediate_size=64,
-        **overrides,
-    )
+    config = get_model_config("test", vocab_size=VOCAB, **overrides)
     return init_model(config, seed=seed)
 
 
