@@ -25,7 +25,8 @@ import grain
 
 from atdp_io import rows as rows_lib
 from atdp_io.governance import EligibilityPolicy, ineligibility_reason
-from atdp_io.pipeline import StreamSource, TrajectoryBatcher, TrajectoryRows
+from atdp_io.pipeline import LoaderStarvedError as LoaderStarvedError  # the iterators raise it
+from atdp_io.pipeline import ReadGroup, StreamSource, TrajectoryBatcher, TrajectoryRows
 from atdp_io.schema import SchemaError
 from atdp_io.store import AtdpStore
 
@@ -38,7 +39,9 @@ class LoaderConfig:
     trajectory with a row longer than `seq_len` or more rows than `rows`. `max_staleness`: keep
     rows whose oldest output token is at most this many versions behind the learner (None: off);
     `staleness_unit`: drop stale "row"s or whole "trajectory"s. `reward_weights`: per-source
-    weights (None sums every source).
+    weights (None sums every source). `starved_after`: a stream that drops this many
+    trajectories in a row as too long raises `LoaderStarvedError` instead of waiting for one
+    that fits (0: never); a repeated epoch raises it after a whole pass that kept none.
     """
 
     rows: int
@@ -51,6 +54,7 @@ class LoaderConfig:
     reward_weights: Mapping[str, float] | None = None
     pad_id: int = 0
     drop_remainder: bool = False
+    starved_after: int = 16
     eligibility: EligibilityPolicy = dataclasses.field(default_factory=EligibilityPolicy)
 
     def __post_init__(self):
@@ -68,6 +72,8 @@ class LoaderConfig:
             raise ValueError("LoaderConfig.staleness_unit must be 'row' or 'trajectory'")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError("LoaderConfig.max_staleness must be >= 0 or None")
+        if self.starved_after < 0:
+            raise ValueError(f"LoaderConfig.starved_after must be >= 0, got {self.starved_after}")
 
 
 class LoaderStats:
@@ -135,20 +141,24 @@ class AtdpLoader:
         `shard` defaults to the loader's (its constructor's `shard`; when that is None too, one
         shard per JAX process: `jax.process_index()` of `jax.process_count()`); every host must
         use the same `seed`. Trajectories are read `read_group` at a time (default: `rows`) on
-        `read_threads` threads.
+        `read_threads` threads. With `num_epochs` None, a whole pass in which every trajectory
+        is dropped (too long, stale, ineligible) raises `LoaderStarvedError` instead of
+        repeating forever.
         """
         shard = shard or self._shard or _jax_process_shard()
         snapshot = self._snapshot()
         self.stats.add("epoch_trajectories", len(snapshot))
         ds = grain.MapDataset.source(snapshot)
         ds = ds[shard.shard_index :: shard.shard_count]
+        pass_size = len(ds) if num_epochs is None else None
         if shuffle:
             ds = ds.shuffle(seed)
         if num_epochs != 1:
             ds = ds.repeat(num_epochs)
-        ds = ds.batch(read_group or self.config.rows, batch_fn=list).map(self.load_many)
+        ds = ds.batch(read_group or self.config.rows, batch_fn=list)
+        ds = ds.map(lambda keys: ReadGroup(self.load_many(keys), num_keys=len(keys)))
         options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
-        return TrajectoryBatcher(ds.to_iter_dataset(options), self)
+        return TrajectoryBatcher(ds.to_iter_dataset(options), self, pass_size=pass_size)
 
     def stream(
         self,
@@ -167,7 +177,7 @@ class AtdpLoader:
         shard = shard or self._shard or _jax_process_shard()
         group = read_group or self.config.rows
         source = StreamSource(self, shard, poll_interval_s, idle_timeout_s, group)
-        return TrajectoryBatcher(source, self)
+        return TrajectoryBatcher(source, self, stream=True)
 
     def refresh(self) -> bool:
         """Reads new commits of every partition; True when a trajectory was closed."""

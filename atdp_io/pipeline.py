@@ -4,6 +4,11 @@ Both pass lists of `TrajectoryRows` (one list per read group). The batcher's che
 the parent's state before the list it is in plus how many items of that list were consumed, so
 a restored iterator continues exactly where the saved one stood, including a trajectory carried
 over to the next batch because it did not fit.
+
+A batcher never waits on data it throws away: a repeated epoch that went a whole pass without
+keeping a trajectory, or a stream that dropped `LoaderConfig.starved_after` trajectories in a row
+as too long, raises `LoaderStarvedError` (the epoch would otherwise spin forever, and the stream
+would wait on producers that may be waiting on the learner). A finite epoch just ends.
 """
 
 from __future__ import annotations
@@ -22,6 +27,48 @@ if TYPE_CHECKING:
     from atdp_io.loader import AtdpLoader
 
 
+class LoaderStarvedError(ValueError):
+    """Every trajectory the loader read lately was dropped, so no batch can ever fill."""
+
+
+class ReadGroup(list):
+    """The `TrajectoryRows` read from one group of keys, and how many keys that group had
+    (those missing were ineligible, purged or without LLM calls)."""
+
+    def __init__(self, items, num_keys: int):
+        super().__init__(items)
+        self.num_keys = num_keys
+
+
+@dataclasses.dataclass
+class DropTally:
+    """What the batcher dropped since it last kept a trajectory (for `LoaderStarvedError`)."""
+
+    too_long: int = 0
+    stale: int = 0
+    unreadable: int = 0  # ineligible, purged or without LLM calls
+    longest_row: int = 0
+    most_rows: int = 0
+
+    def describe(self, rows: int, seq_len: int) -> str:
+        parts = []
+        if self.too_long:
+            parts.append(
+                f"{self.too_long} too long for the {rows} x {seq_len} batch (rows of up to "
+                f"{self.longest_row} tokens, up to {self.most_rows} rows per trajectory)"
+            )
+        if self.stale:
+            parts.append(f"{self.stale} stale")
+        if self.unreadable:
+            parts.append(f"{self.unreadable} ineligible, purged or without LLM calls")
+        advice = ""
+        if self.too_long and self.longest_row > seq_len:
+            advice = f"; raise seq_len to at least {self.longest_row}"
+        if self.too_long and self.most_rows > rows:
+            advice += f"; raise rows to at least {self.most_rows}"
+        return ", ".join(parts) + advice
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrajectoryRows:
     """One trajectory laid out as rows, as it flows from a source to the batcher."""
@@ -33,20 +80,47 @@ class TrajectoryRows:
 
 
 class TrajectoryBatcher(grain.IterDataset):
-    """Packs lists of `TrajectoryRows` into fixed-shape batches; never splits a trajectory."""
+    """Packs lists of `TrajectoryRows` into fixed-shape batches; never splits a trajectory.
 
-    def __init__(self, parent: grain.IterDataset, loader: AtdpLoader):
+    `pass_size`: trajectories in one pass of a repeated epoch; a whole pass without one kept
+    trajectory raises `LoaderStarvedError`. `stream`: the parent is a `StreamSource`; too-long
+    drops in a row are counted against `LoaderConfig.starved_after`.
+    """
+
+    def __init__(
+        self,
+        parent: grain.IterDataset,
+        loader: AtdpLoader,
+        *,
+        pass_size: int | None = None,
+        stream: bool = False,
+    ):
         super().__init__(parent)
         self._loader = loader
+        self._pass_size, self._stream = pass_size, stream
 
     def __iter__(self) -> _BatcherIterator:
-        return _BatcherIterator(self._parent.__iter__(), self._loader)
+        return _BatcherIterator(
+            self._parent.__iter__(), self._loader, self._pass_size, self._stream
+        )
 
 
 class _BatcherIterator(grain.DatasetIterator):
-    def __init__(self, parent: grain.DatasetIterator, loader: AtdpLoader):
+    def __init__(
+        self,
+        parent: grain.DatasetIterator,
+        loader: AtdpLoader,
+        pass_size: int | None,
+        stream: bool,
+    ):
         super().__init__(parent)
         self._loader = loader
+        self._pass_size, self._stream = pass_size, stream
+        self._dropped = DropTally()
+        self._keys_read = 0  # keys pulled from the parent since the start (or a restore)
+        self._last_kept_at = 0  # `_keys_read` when a trajectory was last kept
+        self._aligned = True  # `_keys_read` counts from the start of a pass (not restored)
+        self._unread = 0  # keys of the list in `_queue` that yielded no item
         self._queue: collections.deque[TrajectoryRows] = collections.deque()
         self._list_state: dict | None = None  # parent state before the list in `_queue`
         self._taken = 0  # items of that list already consumed
@@ -65,6 +139,9 @@ class _BatcherIterator(grain.DatasetIterator):
             if rows:
                 groups.append((item, rows))
                 used = len(rows)
+                self._kept()
+            else:
+                self._dropped.stale += 1
             self._carry = self._carry_position = None
         while used < config.rows:
             pulled = self._pull()
@@ -73,7 +150,9 @@ class _BatcherIterator(grain.DatasetIterator):
             item, position = pulled
             rows = self._filter(item)
             if not rows:
+                self._raise_if_starved()
                 continue
+            self._kept()
             if used + len(rows) > config.rows:
                 self._carry, self._carry_position = (item, rows), position
                 break
@@ -92,6 +171,7 @@ class _BatcherIterator(grain.DatasetIterator):
     def _pull(self) -> tuple[TrajectoryRows, tuple[dict, int]] | None:
         """The next item and its position (parent state before its list, index in the list)."""
         while not self._queue:
+            self._count_unread()
             if self._exhausted:
                 return None
             state = self._parent.get_state()
@@ -99,26 +179,71 @@ class _BatcherIterator(grain.DatasetIterator):
                 items = next(self._parent)
             except StopIteration:
                 self._exhausted = True
-                return None
+                continue
+            self._unread = getattr(items, "num_keys", len(items)) - len(items)
             self._queue.extend(items)
             self._list_state, self._taken = state, 0
         position = (self._list_state, self._taken)
         self._taken += 1
+        self._keys_read += 1
         return self._queue.popleft(), position
 
     def _filter(self, item: TrajectoryRows) -> list[rows_lib.Row]:
         config, stats = self._loader.config, self._loader.stats
         rows = item.rows
         if any(r.length > config.seq_len for r in rows) or len(rows) > config.rows:
+            longest = max(r.length for r in rows)
             if config.too_long == "error":
                 raise ValueError(
                     f"trajectory {item.trajectory_id!r} ({item.tenant}) needs {len(rows)} rows of "
-                    f"up to {max(r.length for r in rows)} tokens; the batch is "
-                    f"{config.rows} x {config.seq_len}"
+                    f"up to {longest} tokens; the batch is {config.rows} x {config.seq_len}"
                 )
             stats.add("dropped_too_long")
+            dropped = self._dropped
+            dropped.too_long += 1
+            dropped.longest_row = max(dropped.longest_row, longest)
+            dropped.most_rows = max(dropped.most_rows, len(rows))
             return []
-        return self._fresh(rows)
+        fresh = self._fresh(rows)
+        self._dropped.stale += not fresh
+        return fresh
+
+    def _count_unread(self) -> None:
+        """Counts the keys of a used-up list that yielded no item. Only now, since their place
+        in the list is unknown: counted late, a pass is never taken as whole too early."""
+        if self._unread:
+            self._keys_read += self._unread
+            self._dropped.unreadable += self._unread
+            self._unread = 0
+            self._raise_if_starved()
+
+    def _kept(self) -> None:
+        self._dropped = DropTally()
+        # the uncounted keys of this list may lie before it: placing it after them never makes
+        # a pass look whole too early
+        self._last_kept_at = self._keys_read + self._unread
+
+    def _raise_if_starved(self) -> None:
+        """Raises once dropping is all this iterator can do (see the module docstring)."""
+        config, dropped = self._loader.config, self._dropped
+        if self._stream:
+            starved = bool(config.starved_after) and dropped.too_long >= config.starved_after
+            what = f"the stream dropped {dropped.too_long} trajectories in a row and kept none"
+        elif self._pass_size is not None:
+            size = self._pass_size
+            if self._aligned:  # a whole pass [b, b + size) read since the last keep
+                next_pass = -(-self._last_kept_at // size) * size
+                starved = size > 0 and self._keys_read >= next_pass + size
+            else:  # restored mid-pass: any 2 * size - 1 keys in a row hold a whole pass
+                starved = size > 0 and self._keys_read - self._last_kept_at >= 2 * size - 1
+            what = f"a whole pass over the {size} trajectories of this epoch kept none"
+        else:
+            return  # a finite epoch ends by itself
+        if starved:
+            raise LoaderStarvedError(
+                f"{what}: {dropped.describe(config.rows, config.seq_len)} "
+                "(LoaderConfig.too_long='error' names the first one)"
+            )
 
     def _fresh(self, rows: list[rows_lib.Row]) -> list[rows_lib.Row]:
         """The rows within `max_staleness` of the learner's version now (drops counted)."""
@@ -147,6 +272,11 @@ class _BatcherIterator(grain.DatasetIterator):
         self._parent.set_state(state["parent"])
         self._queue.clear()
         self._carry = self._carry_position = None
+        # Keys read from here on no longer line up with passes; a stream revived after going
+        # idle keeps counting what it dropped since its last keep.
+        self._last_kept_at, self._aligned, self._unread = self._keys_read, False, 0
+        if not self._stream:
+            self._dropped = DropTally()
         self._exhausted = False  # a stream that went idle may have new data after a restore
         if state["skip"]:
             self._list_state = self._parent.get_state()
