@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,6 +30,7 @@ from atdp_io import DecodingParams
 from sao_jax.envs.alfworld import AlfworldEnv, BatchedAlfworldEnv, GameSampler, parse_reply
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
+from sao_jax.rollout.run_ids import MAX_GROUPS, check_run_id, new_run_id, rollout_episode_id
 from sao_jax.rollout.sampler import Sampler
 from sao_jax.rollout.sampling import SamplingParams
 from sao_jax.tokenizers import Tokenizer
@@ -175,7 +175,8 @@ class AgentLoop:
       tokenizer: the policy's tokenizer (ChatML markers required).
       envs: a list of `AlfworldEnv` or a `BatchedAlfworldEnv` (its envs are used directly).
       config: `RolloutConfig`.
-      worker_id, run_id: make episode ids unique across workers and runs.
+      worker_id, run_id: make episode ids unique across workers and runs (run_id None: a
+        random one). A run_id the ATDP writer would redact is a `ValueError` here.
     """
 
     def __init__(
@@ -204,7 +205,13 @@ class AgentLoop:
             )
         self.sampler, self.tokenizer, self.envs, self.config = sampler, tokenizer, envs, config
         self.worker_id = worker_id
-        self.run_id = run_id or uuid.uuid4().hex[:12]
+        if run_id is None:
+            run_id = new_run_id()
+        else:
+            shortest = rollout_episode_id(run_id, worker_id, 0, 0)
+            longest = rollout_episode_id(run_id, worker_id, MAX_GROUPS, config.group_size - 1)
+            check_run_id(run_id, (shortest, longest), owner="AgentLoop")
+        self.run_id = run_id
         self.prompts = PromptBuilder(
             tokenizer, config.layout, history_length=config.history_length, think=config.think
         )
@@ -321,7 +328,7 @@ class AgentLoop:
             )
         return _Slot(
             env=env,
-            episode_id=f"{self.run_id}-w{self.worker_id}-g{group}-m{member}",
+            episode_id=rollout_episode_id(self.run_id, self.worker_id, group, member),
             game_index=index,
             group_id=group,
             member=member,

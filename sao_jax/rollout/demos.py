@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from sao_jax.envs.alfworld import AlfworldEnv, parse_reply
 from sao_jax.rollout.agent_loop import EnvConfig, RolloutConfig
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import PromptBuilder
+from sao_jax.rollout.run_ids import check_run_id, demo_episode_id, new_run_id
 from sao_jax.rollout.stats import RolloutStats
 from sao_jax.tokenizers import Tokenizer
 
@@ -46,12 +46,18 @@ def collect_expert_demos(
     """Play `num_episodes` games of `env` with the expert and write them through `writer`.
 
     rollout: layout, history, think, rewards and context cap (as for rollouts).
+    run_id: prefix of the demos' episode ids (None: a random one); a run_id the ATDP writer
+      would redact is a `ValueError` before any game is played.
     Returns `RolloutStats` counters of the demos (episodes, won, env_steps, ...).
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     rollout, env = rollout or RolloutConfig(), env or EnvConfig()
-    run_id = run_id or uuid.uuid4().hex[:12]
+    if run_id is None:
+        run_id = new_run_id()
+    else:
+        ids = (demo_episode_id(run_id, 0), demo_episode_id(run_id, num_episodes - 1))
+        check_run_id(run_id, ids, owner="collect_expert_demos")
     builder = PromptBuilder(
         tokenizer, rollout.layout, history_length=rollout.history_length, think=rollout.think
     )
@@ -61,7 +67,7 @@ def collect_expert_demos(
     stats, pending = RolloutStats(), []
     for e in range(num_episodes):
         episode = _play_expert(game_env, tokenizer, builder, rollout, im_end, decoding)
-        episode = dataclasses.replace(episode, episode_id=f"{run_id}-demo-{e}")
+        episode = dataclasses.replace(episode, episode_id=demo_episode_id(run_id, e))
         pending.append(episode.to_trajectory(tenant=writer.tenant))
         stats.add_episodes([episode])
         if len(pending) >= write_batch:
