@@ -6,10 +6,14 @@ episode group to the ATDP buffer; the learner reads that buffer through `atdp_io
 
 Staleness control (AReaL, algorithms.md section 4), with eta = `max_staleness`, B =
 `episodes_per_version` and v = the latest published version:
-- admission: a group starts only while started episodes <= (eta + v + 1) * B, so generation
-  never runs more than eta versions ahead of what the learner has trained on;
+- admission (`admission.AdmissionBudget`): a group starts only while the OUTSTANDING episodes
+  stay within (eta + 1) * B: started, minus those dropped as stale, minus those the learner has
+  retired: B per published version (AReaL) or, when more, those its side reported consumed
+  (`mark_consumed`: trained on or dropped by the loader). Episodes the learner passes without a
+  new version (loader drops, skipped policy steps) therefore never block admission for good;
 - on completion: an episode whose oldest token is more than eta versions behind v is dropped
-  and counted (`dropped_stale`); the loader filters by version again at batch time.
+  and counted (`dropped_stale`); the loader filters by version again at batch time. These two
+  filters, not admission, are what guarantee that no sample older than eta versions trains.
 
 `asynchronous=False` is the synchronous schedule: `generate(n)` plays n episodes with the
 current weights and returns once they are written; the learner then trains and publishes.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -30,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from atdp_io import PartitionWriter
 from sao_jax.models import Transformer
+from sao_jax.rollout.admission import AdmissionBudget
 from sao_jax.rollout.agent_loop import AgentLoop, EnvConfig, RolloutConfig
 from sao_jax.rollout.episode import Episode
 from sao_jax.rollout.guard import guarded
@@ -138,7 +144,7 @@ class RolloutEngine:
             )
         self._stats = RolloutStats()
         self._cond = threading.Condition()
-        self._started_episodes = 0
+        self._budget = AdmissionBudget(config.max_staleness, config.episodes_per_version)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []
@@ -236,12 +242,31 @@ class RolloutEngine:
         if self._error is not None:
             raise WorkerError(f"a rollout worker failed: {self._error!r}") from self._error
 
+    def mark_consumed(self, committed_before: float) -> int:
+        """The learner's side has taken every episode committed before `committed_before` (a
+        `time.monotonic()` value) off its loader stream, training on it or dropping it.
+
+        Those episodes stop counting against admission even if no new version was published
+        (`OnlineTrainer` calls this each time its stream runs dry, with the time its read
+        began). Returns how many episodes this retired.
+        """
+        with self._cond:
+            retired = self._budget.mark_consumed(committed_before)
+            if retired:
+                self._cond.notify_all()
+        return retired
+
     def stats(self) -> dict:
         """Counters since construction (see `RolloutStats`), plus `started_episodes`,
-        `policy_version` (latest published) and `abandoned_episodes`."""
+        `consumed_episodes` (reported by `mark_consumed`), `outstanding_episodes` (what
+        admission counts now), `policy_version` (latest published) and `abandoned_episodes`."""
         snapshot = self._stats.snapshot()
-        snapshot["started_episodes"] = self._started_episodes
-        snapshot["policy_version"] = self.publisher.version
+        version = self.publisher.version
+        with self._cond:
+            snapshot["started_episodes"] = self._budget.started
+            snapshot["consumed_episodes"] = self._budget.consumed
+            snapshot["outstanding_episodes"] = self._budget.outstanding(version)
+        snapshot["policy_version"] = version
         snapshot["abandoned_episodes"] = sum(loop.abandoned_episodes for loop in self.loops)
         return snapshot
 
@@ -296,20 +321,12 @@ class RolloutEngine:
                 self._cond.notify_all()
 
     def _admit(self, n: int, block: bool) -> bool:
-        """AReaL capacity: started episodes <= (eta + version + 1) * B."""
-        config = self.config
-
-        def room() -> bool:
-            version = max(self.publisher.version, 0)
-            limit = (config.max_staleness + version + 1) * config.episodes_per_version
-            return self._started_episodes + n <= limit
-
+        """Outstanding episodes + n <= (eta + 1) * B (see `AdmissionBudget`)."""
         with self._cond:
-            while not room():
+            while not self._budget.try_start(n, self.publisher.version):
                 if not block or self._stop.is_set():
                     return False
                 self._cond.wait(0.5)
-            self._started_episodes += n
             return True
 
     def _on_publish(self, snapshot: WeightSnapshot) -> None:
@@ -319,18 +336,32 @@ class RolloutEngine:
     def _finish_group(self, group: list[Episode], batch: RolloutStats | None) -> None:
         # A group is kept or dropped whole: GRPO needs every member of a group.
         lag = self.publisher.version - min(e.min_version for e in group)
+        admitted = batch is None  # the synchronous schedule bypasses admission
         if lag > self.config.max_staleness:
             self._stats.add("dropped_stale", len(group))
+            if admitted:
+                with self._cond:
+                    self._budget.drop(len(group))  # never written: frees its admission
+                    self._cond.notify_all()
             return
         # One append per group: its trajectories commit contiguously, in member order.
         tenant = self.config.tenant
         future = self.writer.append_async([e.to_trajectory(tenant=tenant) for e in group])
+        if admitted:
+            future.add_done_callback(functools.partial(self._on_commit, len(group)))
         with self._cond:
             self._pending_writes = [f for f in self._pending_writes if not f.done()] + [future]
             self._check_writes()
         self._stats.add_episodes(group)
         if batch is not None:
             batch.add_episodes(group)
+
+    def _on_commit(self, n: int, future) -> None:
+        # Stamped once durable, so a stream that refreshed after this time has seen the group.
+        if future.cancelled() or future.exception() is not None:
+            return  # not in the buffer; the failure surfaces through `_check_writes`
+        with self._cond:
+            self._budget.commit(n, time.monotonic())
 
     def _check_writes(self) -> None:
         """Raise the first failed write (caller holds `_cond`)."""
