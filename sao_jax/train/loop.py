@@ -104,11 +104,22 @@ class OnlineTrainer:
                 self.engine.generate(self.episodes_per_round)
                 self.timing["rollout_seconds"] += time.perf_counter() - start
             emitted = False
+            # A stream that runs dry has refreshed after this instant and passed (trained on or
+            # dropped) everything committed before it; the iterator was reset when the last
+            # round ended, so its read-ahead cannot predate it.
+            round_began = time.monotonic()
             for batch in self._until_idle():
                 emitted = True
                 yield batch
-            if self.asynchronous and not emitted:
-                self.engine.raise_if_failed()
+            if self.asynchronous:
+                # Retire those episodes from the engine's admission, or a learner that passes
+                # episodes without publishing a version (loader drops, skipped steps) waits
+                # forever on an engine that waits for a version (a livelock).
+                mark_consumed = getattr(self.engine, "mark_consumed", None)
+                if mark_consumed is not None:  # sources without admission control need none
+                    mark_consumed(round_began)
+                if not emitted:
+                    self.engine.raise_if_failed()
 
     def _until_idle(self) -> Iterator[dict[str, np.ndarray]]:
         source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
