@@ -298,7 +298,26 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse(argv)
     from experiments.alfworld_run import run  # heavy imports once the command line is valid
 
+    check_lengths(config)
     return run(config, distributed=distributed)
+
+
+def check_lengths(config: ExperimentConfig) -> None:
+    """Exits 2 when the batches (`warm_start.seq_len` / `rows`, `rl.seq_len` / `rows`) fit none
+    of the prompts `rollout` builds (`history_length`, `layout`, `think`), measured on expert
+    games in under a second: such a run would drop every episode and wait forever. Prints a
+    warning for a phase that drops only some."""
+    from experiments.alfworld_run import build_tokenizer
+    from experiments.alfworld_warm_start import check_sequence_lengths, measure_demonstrations
+
+    try:
+        lengths = measure_demonstrations(build_tokenizer(config), config.rollout, config.env)
+        warnings = check_sequence_lengths(config, lengths)
+    except ValueError as error:  # SequenceLengthError, or a prompt past max_context_tokens
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,22 +13,39 @@ deterministic), relabelled turns are written back, and cloning reads it all thro
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atdp_io import DecodingParams, Event, EventKind, LLMCall, Trajectory, TrajectoryHeader
+from atdp_io import (
+    AtdpStore,
+    DecodingParams,
+    Event,
+    EventKind,
+    LLMCall,
+    Trajectory,
+    TrajectoryHeader,
+)
+from atdp_io.rows import TrainingView, training_view, trajectory_rows
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.metrics import MetricsWriter, ProgressBar
-from sao_jax.rollout import WeightPublisher, collect_expert_demos, expert_reply
+from sao_jax.rollout import (
+    EnvConfig,
+    RolloutConfig,
+    WeightPublisher,
+    collect_expert_demos,
+    expert_reply,
+)
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.tokenizers.chat_template import IM_END
 from sao_jax.train import BehaviourCloner
 
 if TYPE_CHECKING:
     from experiments.alfworld_run import Run
+    from experiments.alfworld_sao import ExperimentConfig
 
 DEMOS, DAGGER = "demos", "dagger"
 EXPERT_MODEL_ID = "alfworld-expert-relabel"
@@ -118,6 +135,119 @@ def relabel_all(
     return out
 
 
+# -- do the demonstrations fit the batches? ---------------------------------------------------
+
+
+class SequenceLengthError(ValueError):
+    """No expert demonstration fits a batch the run builds: its loader would never fill one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoLengths:
+    """Token lengths of expert episodes as the loader lays them out, one entry per episode.
+
+    Attributes:
+      longest_row: [E] tokens of the episode's longest training row (prompt + reply).
+      num_rows: [E] rows of the episode (windowed: one per turn; concat: one).
+      longest_prompt: [E] tokens of the episode's longest prompt (an LLM call's input).
+    """
+
+    longest_row: np.ndarray
+    num_rows: np.ndarray
+    longest_prompt: np.ndarray
+
+    @classmethod
+    def of(cls, episodes: Iterable[Trajectory | TrainingView], layout: str) -> DemoLengths:
+        """The lengths of `episodes` laid out in `layout` (exactly the loader's rows)."""
+        longest, counts, prompts = [], [], []
+        for episode in episodes:
+            view = episode if isinstance(episode, TrainingView) else training_view(episode)
+            rows, _ = trajectory_rows(view, layout)
+            if rows:
+                longest.append(max(r.length for r in rows))
+                counts.append(len(rows))
+                prompts.append(max(len(turn.input_ids) for turn in view.turns))
+        return cls(np.asarray(longest), np.asarray(counts), np.asarray(prompts))
+
+
+def measure_demonstrations(
+    tokenizer: Tokenizer, rollout: RolloutConfig, env: EnvConfig, *, num_episodes: int = 256
+) -> DemoLengths:
+    """Plays `num_episodes` expert games (the real collector, into a throwaway ATDP store) and
+    measures their rows: under a second for 256 small games."""
+    with tempfile.TemporaryDirectory(prefix="demo-lengths-") as directory:
+        store = AtdpStore.open(directory)
+        with store.writer(DEMOS) as writer:
+            collect_expert_demos(
+                writer, tokenizer, num_episodes=num_episodes, rollout=rollout, env=env
+            )
+        return stored_demo_lengths(store, rollout.layout)
+
+
+def stored_demo_lengths(store: AtdpStore, layout: str, tenant: str = DEMOS) -> DemoLengths:
+    """The lengths of every demonstration committed to `tenant` of `store`."""
+    reader = store.reader(tenant, principal=tenant)
+    reader.refresh()
+    entries = [reader.index.by_row[row] for row in reader.index.close_order]
+    return DemoLengths.of(reader.read_training_views(entries), layout)
+
+
+def check_sequence_lengths(config: ExperimentConfig, lengths: DemoLengths) -> list[str]:
+    """Checks the batch shapes of `config` against expert episodes of its prompts.
+
+    Behaviour cloning reads the demonstrations themselves; the critic warm-up and RL read the
+    policy's episodes, whose prompts are built the same way (a cloned policy replies like the
+    expert; any reply may take up to `rollout.max_new_tokens`). Raises `SequenceLengthError`
+    naming the settings to change when no episode fits a phase's `rows x seq_len` (its loader
+    would drop everything and the phase wait forever); returns a warning for each phase that
+    drops only some.
+    """
+    rollout = config.rollout
+    setting = (
+        f"rollout.history_length={rollout.history_length} (layout {rollout.layout}, think "
+        f"{rollout.think})"
+    )
+    if not lengths.longest_row.size:
+        raise SequenceLengthError(f"no expert episode has a turn to measure with {setting}")
+    longest = int(lengths.longest_row.max())
+    needs = {
+        "warm_start": longest,
+        "rl": int(lengths.longest_prompt.max()) + rollout.max_new_tokens,
+    }
+    spec = config.warm_start
+    phases = {"rl": config.rl}
+    if not config.model.hf_path and spec.steps > 0 and not spec.from_run:
+        phases = {"warm_start": spec, **phases}
+    starved, advice, warnings = [], [], []
+    for name, phase in phases.items():
+        fits = (lengths.longest_row <= phase.seq_len) & (lengths.num_rows <= phase.rows)
+        fix = [f"{name}.seq_len={_round_up(max(needs[name], phase.seq_len), 32)}"]
+        if (lengths.num_rows > phase.rows).any():
+            fix.append(f"{name}.rows={int(lengths.num_rows.max())}")
+        if not fits.any():
+            starved.append(f"{name}.seq_len={phase.seq_len} x {name}.rows={phase.rows}")
+            advice += fix
+        elif not fits.all():
+            warnings.append(
+                f"{name}.seq_len={phase.seq_len} x {name}.rows={phase.rows} drops "
+                f"{int((~fits).sum())} of {fits.size} expert episodes ({1 - fits.mean():.1%}) "
+                f"with {setting}: rows up to {longest} tokens; {' '.join(fix)} keeps them"
+            )
+    if starved:
+        raise SequenceLengthError(
+            f"with {setting} every one of {lengths.longest_row.size} expert episodes has a row "
+            f"of {int(lengths.longest_row.min())} to {longest} tokens (up to "
+            f"{int(lengths.num_rows.max())} rows), so {' and '.join(starved)} fit none of them: "
+            f"the run would drop every episode and wait forever. Set {' '.join(advice)} "
+            f"or more (RL replies may take rollout.max_new_tokens={rollout.max_new_tokens})"
+        )
+    return warnings
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 # -- the phase ----------------------------------------------------------------------------------
 
 
@@ -136,6 +266,9 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
                 env=config.env,
                 run_id=f"demos-{config.seed}",
             )
+        # every demo measured (the command line checked a sample): fail here, not in the loader
+        lengths = stored_demo_lengths(run.store, config.rollout.layout)
+        check_sequence_lengths(config, lengths)
         loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
         batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
         cloner = BehaviourCloner(
@@ -161,7 +294,15 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
                 dagger_round(run, log, cloner, round_index, report)
         run.policy = cloner.policy_module()
         run.seconds["bc"] += time.perf_counter() - start
-        log.write(run.step, {"demos/episodes": demos["episodes"], "demos/won": demos["won"]})
+        fits = (lengths.longest_row <= spec.seq_len) & (lengths.num_rows <= spec.rows)
+        log.write(
+            run.step,
+            {
+                "demos/episodes": demos["episodes"],
+                "demos/won": demos["won"],
+                "demos/too_long_fraction": float(1 - fits.mean()),
+            },
+        )
 
 
 def dagger_round(
