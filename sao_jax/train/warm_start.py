@@ -102,15 +102,23 @@ class BehaviourCloner:
 
     def run(self, batches: Iterator[Mapping[str, np.ndarray]], num_steps: int, callback=None):
         """`num_steps` steps over `batches`; `callback(step, metrics)` after each. Returns the
-        last metrics. Raises ValueError when the batches run out first."""
+        last metrics. Raises ValueError when the batches run out first (an `AtdpLoader` epoch
+        with `num_epochs=None` never does; it raises `LoaderStarvedError` when it can only
+        drop)."""
         metrics: dict[str, float] = {}
         for index in range(num_steps):
             try:
                 batch = next(batches)
             except StopIteration:
+                none_at_all = (
+                    " (none at all: does the loader's rows x seq_len fit the demonstrations? "
+                    "it drops longer ones, see loader.stats)"
+                    if index == 0
+                    else ""
+                )
                 raise ValueError(
                     f"behaviour cloning ran out of demonstration batches after {index} of "
-                    f"{num_steps} steps; read them with num_epochs=None"
+                    f"{num_steps} steps{none_at_all}; read them with num_epochs=None"
                 ) from None
             metrics = self.step(batch)
             if callback is not None:

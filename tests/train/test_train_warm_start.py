@@ -5,6 +5,7 @@ import pytest
 from flax import nnx
 from train_factories import episode, loader, tiny_policy, write_store
 
+from atdp_io.loader import LoaderStarvedError
 from sao_jax.train import BehaviourCloner, OptimizerConfig
 from sao_jax.train.partition import path_string
 
@@ -43,3 +44,17 @@ def test_running_out_of_demonstrations_is_an_error_naming_the_fix(tmp_path):
         ValueError, match=r"ran out of demonstration batches after 1 of 3.*num_epochs=None"
     ):
         cloner.run(batches, 3)
+
+
+@pytest.mark.timeout(60)
+def test_demonstrations_longer_than_every_row_stop_cloning_with_an_error(tmp_path):
+    # the rollout.history_length=2 stall: every demonstrated row is longer than seq_len
+    store = write_store(tmp_path, [episode(f"d{i}", seed=i, concat=False) for i in range(3)])
+    cloner = BehaviourCloner(tiny_policy(), OPTIMIZER, trainable=TRAINABLE)
+    repeated = loader(store, rows=12, seq_len=8, layout="windowed").epoch(num_epochs=None)
+    with pytest.raises(LoaderStarvedError, match=r"12 x 8 batch.*raise seq_len to at least"):
+        cloner.run(iter(repeated), 3)
+    once = loader(store, rows=12, seq_len=8, layout="windowed").epoch(num_epochs=1)
+    with pytest.raises(ValueError, match=r"after 0 of 3 steps \(none at all.*seq_len"):
+        cloner.run(iter(once), 3)
+    assert cloner.steps == 0
