@@ -1,17 +1,20 @@
 """How many episodes a rollout engine may start: AReaL's staleness capacity over OUTSTANDING
 episodes, so that episodes the learner will never wait for again stop blocking admission.
 
-With eta = `max_staleness`, B = `episodes_per_version`, v = the latest published version:
+With eta = `max_staleness`, B = `episodes_per_version`, v = the latest published version and
+v0 the version published when the engine was built:
 
-    outstanding = started - dropped - max(v * B, consumed)
+    outstanding = started - dropped - max((v - v0) * B, consumed)
     a group of n starts only while outstanding + n <= (eta + 1) * B
 
 - `dropped`: episodes the engine discarded as stale at completion (never written);
-- `v * B`: AReaL's assumption that each published version trained on B episodes;
+- `(v - v0) * B`: AReaL's assumption that each version published since trained on B episodes
+  (counted from v0, so an engine built for a resumed run at version 50 does not start 50 * B
+  episodes at once);
 - `consumed`: episodes the learner's side reported as taken off its stream (trained on, or
   dropped by the loader as stale / too long / ineligible), through `mark_consumed`.
 
-Without consumer reports this is exactly AReaL's rule (started - dropped <= (eta + v + 1) * B).
+Without consumer reports this is AReaL's rule (started - dropped <= (eta + v - v0 + 1) * B).
 Counting ever-started episodes alone livelocks whenever the learner passes episodes without
 publishing a version (the loader drops them, or a policy step is skipped): nothing new may
 start, so nothing new arrives, so no version is ever published. With the reports, a consumer
@@ -33,9 +36,10 @@ class AdmissionBudget:
     Args:
       max_staleness: eta >= 0, versions a sample may lag the latest weights.
       episodes_per_version: B >= 1, episodes the learner trains on per policy version.
+      first_version: v0, the latest published version when admission begins (< 0: none).
     """
 
-    def __init__(self, max_staleness: int, episodes_per_version: int):
+    def __init__(self, max_staleness: int, episodes_per_version: int, first_version: int = 0):
         if not isinstance(max_staleness, int) or max_staleness < 0:
             raise ValueError(f"max_staleness must be an int >= 0, got {max_staleness!r}")
         if not isinstance(episodes_per_version, int) or episodes_per_version < 1:
@@ -43,6 +47,7 @@ class AdmissionBudget:
                 f"episodes_per_version must be a positive int, got {episodes_per_version!r}"
             )
         self.capacity = (max_staleness + 1) * episodes_per_version
+        self.first_version = max(first_version, 0)
         self.episodes_per_version = episodes_per_version
         self.started = 0
         self.dropped = 0
@@ -53,7 +58,8 @@ class AdmissionBudget:
 
     def outstanding(self, version: int) -> int:
         """Episodes still counted against admission at published `version` (< 0: none yet)."""
-        retired = max(max(version, 0) * self.episodes_per_version, self.consumed)
+        published = max(version - self.first_version, 0)
+        retired = max(published * self.episodes_per_version, self.consumed)
         return self.started - self.dropped - retired
 
     def try_start(self, n: int, version: int) -> bool:

@@ -7,10 +7,11 @@ episode group to the ATDP buffer; the learner reads that buffer through `atdp_io
 Staleness control (AReaL, algorithms.md section 4), with eta = `max_staleness`, B =
 `episodes_per_version` and v = the latest published version:
 - admission (`admission.AdmissionBudget`): a group starts only while the OUTSTANDING episodes
-  stay within (eta + 1) * B: started, minus those dropped as stale, minus those the learner has
-  retired: B per published version (AReaL) or, when more, those its side reported consumed
-  (`mark_consumed`: trained on or dropped by the loader). Episodes the learner passes without a
-  new version (loader drops, skipped policy steps) therefore never block admission for good;
+  stay within (eta + 1) * B: started, minus those dropped as stale, minus those the learner
+  has retired: B per version published since the engine was built (AReaL) or, when more,
+  those its side reported consumed (`mark_consumed`: trained on or dropped by the loader).
+  Episodes the learner passes without a new version (loader drops, skipped policy steps)
+  therefore never block admission for good;
 - on completion: an episode whose oldest token is more than eta versions behind v is dropped
   and counted (`dropped_stale`); the loader filters by version again at batch time. These two
   filters, not admission, are what guarantee that no sample older than eta versions trains.
@@ -144,7 +145,9 @@ class RolloutEngine:
             )
         self._stats = RolloutStats()
         self._cond = threading.Condition()
-        self._budget = AdmissionBudget(config.max_staleness, config.episodes_per_version)
+        self._budget = AdmissionBudget(
+            config.max_staleness, config.episodes_per_version, first_version=snapshot.version
+        )
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []

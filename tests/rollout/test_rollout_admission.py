@@ -28,6 +28,14 @@ def test_without_reports_it_is_areals_rule(eta, b):
         assert budget.started == (eta + version + 1) * b
 
 
+def test_versions_count_from_the_one_published_when_admission_began():
+    """A resumed run's new engine at version 50 starts (eta + 1) * B, not 51 * B, episodes."""
+    budget = AdmissionBudget(1, 4, first_version=50)
+    assert fill(budget, 50) == 8
+    assert fill(budget, 51) == 4
+    assert AdmissionBudget(1, 4, first_version=-1).first_version == 0  # nothing published
+
+
 def test_groups_start_whole_or_not_at_all():
     budget = AdmissionBudget(2, 6)  # capacity 18, GRPO groups of 4: 16 fit, a fifth does not
     assert fill(budget, 0, n=4) == 16
