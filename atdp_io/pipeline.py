@@ -335,10 +335,12 @@ class _StreamIterator(grain.DatasetIterator):
         for tenant, reader in source._loader.readers.items():
             order = reader.index.close_order
             while self._cursors[tenant] < len(order) and len(keys) < source._read_group:
-                row = order[self._cursors[tenant]]
+                position = self._cursors[tenant]
                 self._cursors[tenant] += 1
-                if row % source._shard.shard_count == source._shard.shard_index:
-                    keys.append((tenant, row))
+                # by position in the close order, the same on every host (trajectory rows are
+                # record offsets: their parity follows event counts and can starve a shard)
+                if position % source._shard.shard_count == source._shard.shard_index:
+                    keys.append((tenant, order[position]))
         return keys
 
     def get_state(self) -> dict[str, Any]:

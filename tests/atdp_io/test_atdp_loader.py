@@ -331,3 +331,39 @@ def test_default_shard_is_this_jax_process(store_with_mix):
     store, eligible = store_with_mix
     batches = list(_loader(store).epoch(seed=0))  # one process: one shard holding everything
     assert sum(int((b["turn_index"] == 0).sum()) for b in batches) == len(eligible)
+
+
+def test_a_loader_shard_is_the_default_of_its_epochs_and_streams(store_with_mix):
+    """A process reading a tenant of its own sets the shard once (here: the second half)."""
+    store, eligible = store_with_mix
+    owner = _row_owner(eligible)
+    second = grain.sharding.ShardOptions(shard_index=1, shard_count=2)
+
+    def ids(batches):
+        return {tid for batch in batches for (tid, _), _ in _rows_of(batch, owner)}
+
+    def loader(shard):
+        return AtdpLoader(
+            store,
+            ["acme"],
+            principal="acme",
+            config=LoaderConfig(rows=4, seq_len=64, layout="windowed"),
+            clock=lambda: NOW,
+            shard=shard,
+        )
+
+    half = ids(_loader(store).epoch(seed=1, shard=second))
+    assert half and half != {t.trajectory_id for t in eligible}
+    assert ids(loader(second).epoch(seed=1)) == half
+
+    def streamed(shard=None):
+        return ids(loader(shard).stream(poll_interval_s=0.01, idle_timeout_s=0.2))
+
+    halves = [streamed(grain.sharding.ShardOptions(i, 2)) for i in range(2)]
+    # stream shards split the trajectories evenly (each trajectory of the fixture spans an
+    # even number of records: sharding by record row once gave shard 1 nothing)
+    assert halves[0] and halves[1] and not halves[0] & halves[1]
+    assert halves[0] | halves[1] == streamed(ONE_SHARD)
+    assert ids(loader(second).epoch(seed=1, shard=ONE_SHARD)) == ids(
+        _loader(store).epoch(seed=1, shard=ONE_SHARD)
+    )  # an explicit shard still wins
