@@ -8,7 +8,7 @@ from sao_jax.rollout.evaluate import EvalResult, evaluate
 from sao_jax.rollout.kv_cache import KVCache, init_kv_cache, kv_cache_shardings
 from sao_jax.rollout.sampler import DecodeState, Sampler, SampleResult, bucket
 from sao_jax.rollout.sampling import SamplingParams, sample_tokens, token_logprob
-from sao_jax.rollout.stats import RolloutStats
+from sao_jax.rollout.stats import RolloutStats, combine_snapshots
 from sao_jax.rollout.weights import WeightPublisher, WeightSnapshot, sync_sampler
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "WorkerError",
     "bucket",
     "collect_expert_demos",
+    "combine_snapshots",
     "evaluate",
     "expert_reply",
     "init_kv_cache",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 from sao_jax.envs.alfworld import SPLITS
 from sao_jax.models import Transformer
@@ -50,6 +51,46 @@ class EvalResult:
                 out[f"{prefix}/success/{task_type}"] = row["success_rate"]
         return out
 
+    @classmethod
+    def combine(cls, parts: Sequence[EvalResult]) -> EvalResult:
+        """One result over disjoint game sets of one split and policy version (the shards that
+        the processes of a multi-host job evaluated, see `evaluate(shard=...)`)."""
+        if not parts:
+            raise ValueError("EvalResult.combine: no results to combine")
+        if len({(p.split, p.policy_version) for p in parts}) != 1:
+            raise ValueError(
+                "EvalResult.combine: results of different splits or policy versions: "
+                f"{sorted({(p.split, p.policy_version) for p in parts})}"
+            )
+        episodes = sum(p.episodes for p in parts)
+        steps = sum(p.avg_steps * p.episodes for p in parts)
+
+        def mean(total: float, count: float) -> float:
+            return total / count if count else 0.0
+
+        by_type: dict[str, dict[str, float]] = {}
+        for part in parts:
+            for task_type, row in part.by_task_type.items():
+                merged = by_type.setdefault(task_type, {"episodes": 0, "won": 0})
+                merged["episodes"] += row["episodes"]
+                merged["won"] += row["won"]
+        for row in by_type.values():
+            row["success_rate"] = mean(row["won"], row["episodes"])
+        return cls(
+            split=parts[0].split,
+            episodes=episodes,
+            success_rate=mean(sum(p.success_rate * p.episodes for p in parts), episodes),
+            by_task_type=by_type,
+            avg_steps=mean(steps, episodes),
+            invalid_reply_rate=mean(
+                sum(p.invalid_reply_rate * p.avg_steps * p.episodes for p in parts), steps
+            ),
+            avg_reward=mean(sum(p.avg_reward * p.episodes for p in parts), episodes),
+            truncated_context=sum(p.truncated_context for p in parts),
+            policy_version=parts[0].policy_version,
+            wall_seconds=max(p.wall_seconds for p in parts),
+        )
+
 
 def evaluate(
     policy: Sampler | Transformer,
@@ -60,6 +101,7 @@ def evaluate(
     num_envs: int = 32,
     rollout: RolloutConfig | None = None,
     env: EnvConfig | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> EvalResult:
     """Greedy success of `policy` on games 0..num_games-1 of `split` (all by default).
 
@@ -67,6 +109,8 @@ def evaluate(
       weights with `update_weights` first) or a `Transformer` (a fresh sampler is built).
     rollout: prompt / layout / reward settings; decoding is forced greedy and group_size 1.
     env: size, phrasing and max_steps of the games (its split and seed are ignored).
+    shard: (index, count): play only games index, index + count, ... of those (each process
+      of a multi-host job plays its own; `EvalResult.combine` merges the results).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLITS)}")
@@ -74,6 +118,10 @@ def evaluate(
     n = total if num_games is None else num_games
     if not isinstance(n, int) or not 1 <= n <= total:
         raise ValueError(f"num_games must be in [1, {total}] for {split!r}, got {num_games!r}")
+    index, count = shard
+    if not 0 <= index < count:
+        raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
+    games = range(index, n, count)
     rollout = dataclasses.replace(
         rollout or RolloutConfig(), temperature=0.0, top_k=0, top_p=1.0, group_size=1
     )
@@ -81,11 +129,12 @@ def evaluate(
     if isinstance(policy, Transformer):
         policy = Sampler(policy, pad_id=tokenizer.pad_id)
     start = time.perf_counter()
-    envs = env.make_envs(min(num_envs, n))
-    loop = AgentLoop(policy, tokenizer, envs, rollout, run_id=f"eval-{split}")
     stats = RolloutStats()
-    for group in loop.play(range(n)):
-        stats.add_episodes(group)
+    if games:  # a shard may be empty when there are more processes than games
+        envs = env.make_envs(min(num_envs, len(games)))
+        loop = AgentLoop(policy, tokenizer, envs, rollout, run_id=f"eval-{split}")
+        for group in loop.play(games):
+            stats.add_episodes(group)
     s = stats.snapshot()
     return EvalResult(
         split=split,

@@ -336,7 +336,16 @@ class Sampler:
             else:
                 kwargs["in_shardings"] = (self._param_shardings, state_sh)
                 kwargs["out_shardings"] = (state_sh, replicated, replicated, replicated)
-        self._jitted[key] = jax.jit(fn, **kwargs)
+        jitted = jax.jit(fn, **kwargs)
+        if kind == "prefill" and self.mesh is not None and jax.process_count() > 1:
+            # In a multi-process job jit refuses host rows for a sharded argument, even on a
+            # mesh of this process's own devices (each process samples on its own): place them.
+            row_shardings = kwargs["in_shardings"][2:]
+
+            def jitted(params, state, *rows, _jitted=jitted):
+                return _jitted(params, state, *jax.device_put(rows, row_shardings))
+
+        self._jitted[key] = jitted
         return self._jitted[key]
 
     def _call(self, fn, *args):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from sao_jax.envs.alfworld import TASK_TYPES
 from sao_jax.rollout.episode import Episode
@@ -52,28 +52,59 @@ class RolloutStats:
         with self._lock:
             counts = dict(self._counts)
             by_type = {t: list(v) for t, v in self._by_type.items()}
-        episodes, steps = counts.get("episodes", 0), counts.get("env_steps", 0)
-        for key in (
-            "episodes",
-            "won",
-            "env_steps",
-            "llm_calls",
-            "generated_tokens",
-            "prompt_tokens",
-            "invalid_replies",
-            "truncated_context",
-            "truncated_step_limit",
-            "dropped_stale",
-            "weight_syncs",
-        ):
-            counts.setdefault(key, 0)
-        counts.setdefault("rollout_seconds", 0.0)
-        counts["success_rate"] = counts["won"] / episodes if episodes else 0.0
-        counts["avg_steps"] = steps / episodes if episodes else 0.0
-        counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
-        counts["invalid_reply_rate"] = counts["invalid_replies"] / steps if steps else 0.0
-        counts["by_task_type"] = {
-            t: {"episodes": n, "won": w, "success_rate": w / n if n else 0.0}
-            for t, (n, w) in by_type.items()
-        }
-        return counts
+        return _finish(counts, by_type)
+
+
+_RATES = ("success_rate", "avg_steps", "avg_reward", "invalid_reply_rate")
+_LEVELS = ("policy_version",)  # the same clock on every engine: combined by max, not summed
+
+
+def combine_snapshots(snapshots: Sequence[Mapping]) -> dict:
+    """One `RolloutStats.snapshot()` over the episodes of several (e.g. every process's engine):
+    counters add up, rates are recomputed from the sums, `policy_version` is the newest.
+    Non-numeric entries are dropped."""
+    counts: Counter = Counter()
+    by_type: dict[str, list[int]] = {}
+    for snapshot in snapshots:
+        for key, value in snapshot.items():
+            if key in _RATES or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if key in _LEVELS:
+                counts[key] = max(counts.get(key, value), value)
+            else:
+                counts[key] += value
+        counts["reward_sum"] += snapshot.get("avg_reward", 0.0) * snapshot.get("episodes", 0)
+        for task_type, row in snapshot.get("by_task_type", {}).items():
+            totals = by_type.setdefault(task_type, [0, 0])
+            totals[0] += row["episodes"]
+            totals[1] += row["won"]
+    return _finish(dict(counts), by_type)
+
+
+def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
+    """Counters with every standard key, the rates and `by_task_type` filled in."""
+    episodes, steps = counts.get("episodes", 0), counts.get("env_steps", 0)
+    for key in (
+        "episodes",
+        "won",
+        "env_steps",
+        "llm_calls",
+        "generated_tokens",
+        "prompt_tokens",
+        "invalid_replies",
+        "truncated_context",
+        "truncated_step_limit",
+        "dropped_stale",
+        "weight_syncs",
+    ):
+        counts.setdefault(key, 0)
+    counts.setdefault("rollout_seconds", 0.0)
+    counts["success_rate"] = counts["won"] / episodes if episodes else 0.0
+    counts["avg_steps"] = steps / episodes if episodes else 0.0
+    counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
+    counts["invalid_reply_rate"] = counts["invalid_replies"] / steps if steps else 0.0
+    counts["by_task_type"] = {
+        t: {"episodes": n, "won": w, "success_rate": w / n if n else 0.0}
+        for t, (n, w) in by_type.items()
+    }
+    return counts

@@ -7,7 +7,7 @@ import pytest
 from rollout_testlib import env_config, rollout_config, sampler, tokenizer
 
 from sao_jax.envs.alfworld import TASK_TYPES, make_game
-from sao_jax.rollout import AgentLoop, RolloutStats, evaluate
+from sao_jax.rollout import AgentLoop, EvalResult, RolloutStats, combine_snapshots, evaluate
 
 
 def run(num_envs=4, **kwargs):
@@ -50,3 +50,69 @@ def test_bad_arguments_name_the_problem():
         run(num_games=0)
     with pytest.raises(ValueError, match="unknown split"):
         evaluate(sampler(), tokenizer(), split="valid_unseeen")
+
+
+def test_shards_of_the_games_combine_into_the_whole_evaluation():
+    """What each process of a multi-host job evaluates (`shard=`) adds up to one evaluation."""
+    whole = run(num_games=5)
+    parts = [run(num_games=5, shard=(index, 2)) for index in range(2)]
+    assert [p.episodes for p in parts] == [3, 2]  # games 0, 2, 4 and 1, 3
+    combined = EvalResult.combine(parts)
+    assert combined.episodes == whole.episodes == 5
+    assert combined.by_task_type == whole.by_task_type
+    for field in ("success_rate", "avg_steps", "invalid_reply_rate", "avg_reward"):
+        assert getattr(combined, field) == pytest.approx(getattr(whole, field)), field
+    assert combined.truncated_context == whole.truncated_context
+
+
+def test_combine_weights_by_episodes_and_steps():
+    def part(episodes, won, steps, invalid):
+        return EvalResult(
+            split="valid_seen",
+            episodes=episodes,
+            success_rate=won / episodes,
+            by_task_type={"pick_and_place_simple": {"episodes": episodes, "won": won}},
+            avg_steps=steps / episodes,
+            invalid_reply_rate=invalid / steps,
+            avg_reward=won * 10.0 / episodes,
+            truncated_context=1,
+            policy_version=3,
+            wall_seconds=float(episodes),
+        )
+
+    combined = EvalResult.combine([part(4, 1, 40, 4), part(1, 1, 2, 2)])
+    assert combined.success_rate == pytest.approx(2 / 5)
+    assert combined.avg_steps == pytest.approx(42 / 5)
+    assert combined.invalid_reply_rate == pytest.approx(6 / 42)  # per step, not per episode
+    assert combined.by_task_type["pick_and_place_simple"]["success_rate"] == pytest.approx(2 / 5)
+    assert combined.avg_reward == pytest.approx(20 / 5)
+    assert combined.truncated_context == 2 and combined.wall_seconds == 4.0
+
+
+def test_combine_and_shard_refuse_what_does_not_belong_together():
+    one = run(num_games=2)
+    other = dataclasses.replace(one, policy_version=one.policy_version + 1)
+    with pytest.raises(ValueError, match="different splits or policy versions"):
+        EvalResult.combine([one, other])
+    with pytest.raises(ValueError, match="no results"):
+        EvalResult.combine([])
+    with pytest.raises(ValueError, match="shard must be"):
+        run(shard=(2, 2))
+    assert run(num_games=1, shard=(1, 2)).episodes == 0  # more processes than games: empty
+
+
+def test_rollout_stats_of_parts_combine_into_the_stats_of_the_whole():
+    greedy = dataclasses.replace(rollout_config(), temperature=0.0)
+    envs = env_config(max_steps=2, split="valid_seen").make_envs(4)
+    whole, first, second = RolloutStats(), RolloutStats(), RolloutStats()
+    for index, group in enumerate(AgentLoop(sampler(), tokenizer(), envs, greedy).play(range(6))):
+        whole.add_episodes(group)
+        (first if index % 2 else second).add_episodes(group)
+    first.add("dropped_stale", 2)
+    whole.add("dropped_stale", 2)
+    combined = combine_snapshots([first.snapshot(), second.snapshot()])
+    expected = whole.snapshot()
+    assert combined.keys() == expected.keys()
+    assert combined.pop("by_task_type") == expected.pop("by_task_type")
+    for key, value in expected.items():
+        assert combined[key] == pytest.approx(value), key
