@@ -13,12 +13,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import grain
+import jax
+from flax import nnx
+
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments.alfworld_sao import SPLITS, ExperimentConfig
 from experiments.alfworld_warm_start import clone_expert
-from sao_jax.checkpoint import Checkpointer
+from sao_jax.checkpoint import Checkpointer, checkpoint_directory
+from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.distributed.job import Job, setup_job
+from sao_jax.distributed.mesh import make_global_mesh
+from sao_jax.distributed.resharding import reshard, rollout_shardings
 from sao_jax.distributed.runtime import DistributedConfig
 from sao_jax.envs.alfworld import vocabulary
 from sao_jax.metrics import (
@@ -32,11 +39,14 @@ from sao_jax.metrics import (
 from sao_jax.models import Transformer, get_model_config, init_model, load_hf_qwen3_moe
 from sao_jax.rollout import (
     EngineConfig,
+    EvalResult,
     RolloutEngine,
     Sampler,
     WeightPublisher,
+    combine_snapshots,
     evaluate,
 )
+from sao_jax.sharding import MeshConfig
 from sao_jax.tokenizers import Tokenizer, WordTokenizer, load_tokenizer
 from sao_jax.train import Learner, get_algorithm
 from sao_jax.train.loop import OnlineTrainer
@@ -100,17 +110,20 @@ def resolve(config: ExperimentConfig) -> ExperimentConfig:
 class Run:
     """What the phases share: config, out dir, store, checkpoints, tokenizer, model, clocks."""
 
-    def __init__(self, config: ExperimentConfig, job: Job | None = None):
+    def __init__(
+        self, config: ExperimentConfig, job: Job | None = None, *, multi_process: bool = False
+    ):
         # first: joins a multi-process job before anything touches a device
         self.job = job if job is not None else setup_job(config.mesh)
-        if self.job.info.process_count > 1:
-            # each process would run its own engine: the same ATDP partitions written twice,
-            # and decode steps on the shared mesh issued out of step (a hang)
+        self.processes = self.job.info.process_count
+        self.process = self.job.info.process_index
+        if self.processes > 1 and not multi_process:
             raise NotImplementedError(
-                f"this run joined {self.job.info.process_count} processes, but the ALFWorld "
-                "experiments run one process (with any number of its devices in `mesh.*`): "
-                "multi-process rollouts are a known gap, see docs/scaling.md"
+                f"this run joined {self.processes} processes, but this experiment runs one "
+                "process (with any number of its devices in `mesh.*`); multi-process runs: "
+                "python -m experiments.alfworld_sao (see docs/scaling.md)"
             )
+        _check_process_split(config, self.processes)
         self.mesh = self.job.mesh
         self.config = resolve(config)
         self.out = Path(config.out_dir)
@@ -121,6 +134,16 @@ class Run:
         )
         self.tokenizer = build_tokenizer(config)
         self.policy = build_model(config, self.tokenizer, self.mesh)
+        # Several processes: each samples on a mesh of its own devices (its engine's decode
+        # steps are then its own business) and receives weights resharded there.
+        self.rollout_mesh, self.rollout_shardings = self.mesh, None
+        self._sampler_template = self.policy
+        if self.processes > 1:
+            self.rollout_mesh = make_global_mesh(
+                config.mesh.rollout or MeshConfig(), jax.local_devices()
+            )
+            self.rollout_shardings = rollout_shardings(self.policy, self.rollout_mesh)
+            self._sampler_template = self.local_copy(self.policy)
         self.step = 0  # metrics.jsonl step: cloning steps, then learner iterations
         # seconds per phase, summed over resumed segments; `total` also counts this one
         self.seconds = {"bc": 0.0, "eval": 0.0, "rl": 0.0, "total": 0.0}
@@ -131,43 +154,103 @@ class Run:
         self.timing: dict[str, float] = {}
         self.data_state: dict | None = None  # the RL stream's position
 
+    # -- several processes ------------------------------------------------------------------------
+
+    def tenant(self, name: str) -> str:
+        """The ATDP tenant this process writes and reads for `name` (one per process: a
+        partition has a single writer, and each process trains on the rows it played)."""
+        return name if self.processes == 1 else f"{name}-p{self.process}"
+
+    def share(self, total: int) -> int:
+        """This process's part of a run-wide episode count (at least 1)."""
+        return max(1, -(-total // self.processes))
+
+    def seed_offset(self) -> int:
+        """Games and sampling differ per process (process 0 keeps the one-process seeds)."""
+        return 100_000 * self.process
+
+    def local_copy(self, policy: Transformer) -> Transformer:
+        """`policy` on this process's rollout mesh (a collective with several processes: every
+        process calls it at the same point). One process: `policy` itself."""
+        if self.rollout_shardings is None:
+            return policy
+        graphdef = nnx.graphdef(policy)
+        return nnx.merge(graphdef, reshard(nnx.state(policy), self.rollout_shardings))
+
+    def combined_stats(self, stats: dict) -> dict:
+        """Rollout stats (`RolloutStats.snapshot()`, `engine.stats()`) over every process's
+        episodes; a collective with several processes."""
+        if self.processes == 1:
+            return stats
+        local = _scalars(stats) | {"by_task_type": stats.get("by_task_type", {})}
+        return combine_snapshots(allgather_json(local))
+
+    @property
+    def warm_start_dir(self):
+        """Where the cloned policy is saved: DIR/warm_start, or beside `checkpoint_dir` when
+        that is given (shared storage every host sees: the save is collective)."""
+        if self.config.checkpoint_dir:
+            return checkpoint_directory(self.config.checkpoint_dir).parent / WARM_START_DIR
+        return self.out / WARM_START_DIR
+
+    def publisher(self) -> WeightPublisher:
+        """A publisher whose snapshots land on this process's rollout mesh."""
+        return WeightPublisher(shardings=self.rollout_shardings)
+
     def sampler(self, index: int) -> Sampler:
         """Sampler `index` for this model shape (worker `index`; 0 also evaluates)."""
-        key = (self.policy.config, self.tokenizer.pad_id, self.mesh, index)
+        key = (self.policy.config, self.tokenizer.pad_id, self.rollout_mesh, index)
         if key not in _SAMPLERS:
-            _SAMPLERS[key] = Sampler(self.policy, pad_id=self.tokenizer.pad_id, mesh=self.mesh)
+            _SAMPLERS[key] = Sampler(
+                self._sampler_template, pad_id=self.tokenizer.pad_id, mesh=self.rollout_mesh
+            )
         return _SAMPLERS[key]
 
-    def loader(self, tenant: str, *, current_version=lambda: 0, **config) -> AtdpLoader:
+    def loader(self, name: str, *, current_version=lambda: 0, rows: int, **config) -> AtdpLoader:
+        """A loader over this process's tenant `name`; `rows` is the run-wide batch, of which
+        each process brings its share (the learner's batch spans every process)."""
+        tenant = self.tenant(name)
         return AtdpLoader(
             self.store,
             [tenant],
             principal=tenant,
-            config=LoaderConfig(layout=self.config.rollout.layout, **config),
+            config=LoaderConfig(
+                layout=self.config.rollout.layout, rows=rows // self.processes, **config
+            ),
             current_version=current_version,
+            shard=grain.sharding.ShardOptions(shard_index=0, shard_count=1),  # its own tenant
         )
 
     def engine(self, publisher, writer, *, asynchronous: bool, tenant: str, seed_offset: int):
+        """This process's rollout engine over `writer` (its partition of `tenant`); with several
+        processes each plays its share of `episodes_per_version` on its own games."""
         rl = self.config.rl
+        seed_offset += self.seed_offset()
+        rollout = dataclasses.replace(
+            self.config.rollout, seed=self.config.rollout.seed + self.seed_offset()
+        )
         return RolloutEngine(
-            self.policy,
+            self._sampler_template,
             self.tokenizer,
             writer,
             publisher,
-            rollout=self.config.rollout,
+            rollout=rollout,
             env=dataclasses.replace(self.config.env, seed=self.config.env.seed + seed_offset),
             config=EngineConfig(
                 num_workers=rl.num_workers,
                 envs_per_worker=rl.envs_per_worker,
                 asynchronous=asynchronous,
                 max_staleness=rl.max_staleness,
-                episodes_per_version=rl.episodes_per_version,
-                tenant=tenant,
+                episodes_per_version=max(rollout.group_size, self.share(rl.episodes_per_version)),
+                tenant=self.tenant(tenant),
             ),
             samplers=[self.sampler(w) for w in range(rl.num_workers)],
             # unique per engine: a resumed run's episodes must not reuse earlier ids. Every number
             # follows a letter, so no id reads as a phone number to the ATDP redactor
-            run_id=f"{tenant}-s{self.config.seed}-o{seed_offset}-r{uuid.uuid4().hex[:8]}",
+            run_id=(
+                f"{tenant}-s{self.config.seed}-o{seed_offset}-p{self.process}"
+                f"-r{uuid.uuid4().hex[:8]}"
+            ),
         )
 
 
@@ -179,14 +262,16 @@ def warm_start(run: Run, log: MetricsWriter) -> None:
     `warm_start.from_run`)."""
     spec = run.config.warm_start
     if spec.from_run:
-        with Checkpointer(Path(spec.from_run) / WARM_START_DIR, create=False) as saved:
+        with Checkpointer(
+            checkpoint_directory(spec.from_run) / WARM_START_DIR, create=False
+        ) as saved:
             restored = saved.restore({"policy": run.policy})
         run.policy = restored.items["policy"]
         run.evals["start"] = restored.metadata["evals"]["start"]
         return
     clone_expert(run, log)
     evaluate_policy(run, log, run.policy, 0, "start")
-    with Checkpointer(run.out / WARM_START_DIR, max_to_keep=1, async_save=False) as saved:
+    with Checkpointer(run.warm_start_dir, max_to_keep=1, async_save=False) as saved:
         saved.save(0, {"policy": run.policy}, metadata={"evals": {"start": run.evals["start"]}})
 
 
@@ -198,11 +283,12 @@ def evaluate_policy(
     Uses worker 0's sampler, so it must not run while the engine plays (see `rl_evaluator`).
     """
     sampler = run.sampler(0)
-    sampler.update_weights(policy, version)
+    sampler.update_weights(run.local_copy(policy), version)
     return _evaluate(run, log, sampler, tag, splits)
 
 
 def _evaluate(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, splits) -> dict:
+    """Each process plays its share of the games; the results are combined on every process."""
     start = time.perf_counter()
     results = {}
     for split in splits:
@@ -214,7 +300,11 @@ def _evaluate(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, splits) 
             num_envs=run.config.eval.num_envs,
             rollout=run.config.rollout,
             env=run.config.env,
+            shard=(run.process, run.processes),
         )
+        if run.processes > 1:
+            parts = allgather_json(dataclasses.asdict(result))
+            result = EvalResult.combine([EvalResult(**part) for part in parts])
         log.write(run.step, result.metrics())
         results[split] = {
             "success": result.success_rate,
@@ -237,9 +327,9 @@ def critic_warmup(run: Run, log: MetricsWriter, learner: Learner, publisher) -> 
     rl, config = run.config.rl, run.config
     if not learner.in_warmup:
         return
-    with run.store.writer(WARMUP) as writer:
+    with run.store.writer(run.tenant(WARMUP)) as writer:
         engine = run.engine(publisher, writer, asynchronous=False, tenant=WARMUP, seed_offset=500)
-        stats = engine.generate(rl.warmup_episodes)
+        stats = run.combined_stats(engine.generate(run.share(rl.warmup_episodes)))
     log.write(
         run.step, {"warmup/episodes": stats["episodes"], "warmup/success": stats["success_rate"]}
     )
@@ -255,7 +345,8 @@ def checkpoint(run: Run, learner: Learner, trainer: OnlineTrainer | None, *, pha
     """Learner + run progress; the id is the global step (or the next free id at a phase end)."""
     run.seconds["total"] = run.total_before + time.perf_counter() - run.began
     if trainer is not None:
-        run.data_state = trainer.data_state()
+        # one stream position per process (each reads its own tenant); a collective
+        run.data_state = {"by_process": allgather_json(trainer.data_state())}
     metadata = {
         "phase": phase,
         "global_step": run.step,
@@ -279,7 +370,17 @@ def restore(run: Run, learner: Learner) -> dict | None:
     run.total_before = run.seconds["total"]
     run.evals = dict(meta.get("evals", {}))
     run.rollout_stats = dict(meta.get("rollout_stats") or {})
-    run.data_state = meta.get("data")
+    data = meta.get("data")
+    if data is not None:
+        positions = data.get("by_process", [data])  # one process before multi-process runs
+        if len(positions) != run.processes:
+            raise ValueError(
+                f"the checkpoint in {run.checkpointer.directory} was written by "
+                f"{len(positions)} process(es), this job has {run.processes}: resume it with "
+                f"{len(positions)} (each process continues the stream of its own ATDP tenant)"
+            )
+        data = positions[run.process]
+    run.data_state = data
     return meta
 
 
@@ -300,7 +401,7 @@ def reinforcement_learning(
     start, rl_before = time.perf_counter(), run.seconds["rl"]
     steps_before = int(run.rollout_stats.get("env_steps", 0))
     episodes_before = int(run.rollout_stats.get("episodes", 0))
-    writer = run.store.writer(ROLLOUTS)
+    writer = run.store.writer(run.tenant(ROLLOUTS))
     engine = run.engine(
         publisher, writer, asynchronous=rl.asynchronous, tenant=ROLLOUTS, seed_offset=0
     )
@@ -322,20 +423,20 @@ def reinforcement_learning(
     )
     if data_state:
         trainer.set_data_state(data_state)
-    evaluator = _PeriodicEval(run, log)
+    evaluator = _PeriodicEval(run, log, publisher)
     bar = ProgressBar(
         rl.policy_steps,
         desc=f"RL ({learner.algorithm.label})",
         keys=("batch/success_rate", "policy/clip_frac", "critic/explained_variance"),
         initial=learner.policy_version,
-        disable=not config.progress,
+        disable=None if config.progress else True,  # None: process 0 only
     )
     last_checkpoint = learner.policy_version
 
     def on_iteration(metrics: dict) -> bool:
         nonlocal last_checkpoint
         run.step += 1
-        stats = engine.stats()
+        stats = run.combined_stats(engine.stats())
         run.rollout_stats = dict(
             stats,
             env_steps=steps_before + stats["env_steps"],
@@ -371,10 +472,10 @@ def reinforcement_learning(
 
 class _PeriodicEval:
     """valid_unseen every `eval.every_policy_steps` during RL, on its own sampler (worker 0's
-    is busy playing)."""
+    is busy playing), with the weights just published (already on the rollout mesh)."""
 
-    def __init__(self, run: Run, log: MetricsWriter):
-        self.run, self.log = run, log
+    def __init__(self, run: Run, log: MetricsWriter, publisher: WeightPublisher):
+        self.run, self.log, self.publisher = run, log, publisher
         self.every = run.config.eval.every_policy_steps
         self.done: set[int] = set()
 
@@ -383,8 +484,9 @@ class _PeriodicEval:
         if not self.every or version % self.every or version in self.done or learner.in_warmup:
             return
         self.done.add(version)
+        snapshot = self.publisher.latest()
         sampler = self.run.sampler(-1)
-        sampler.update_weights(learner.policy_module(), version)
+        sampler.update_weights(snapshot.params, snapshot.version)
         _evaluate(self.run, self.log, sampler, f"policy_step_{version}", ("valid_unseen",))
 
 
@@ -455,7 +557,7 @@ def run(config: ExperimentConfig, *, distributed: DistributedConfig | None = Non
 
     `distributed` (default: the environment) joins a multi-process job; only process 0 writes
     metrics, the summary and the curve, and prints."""
-    state = Run(config, setup_job(config.mesh, distributed))
+    state = Run(config, setup_job(config.mesh, distributed), multi_process=True)
     learner = Learner(state.config.learner, state.policy, mesh=state.mesh)
     meta = restore(state, learner) if config.resume else None
     with MetricsWriter(
@@ -471,7 +573,7 @@ def run(config: ExperimentConfig, *, distributed: DistributedConfig | None = Non
             meta["phase"] = "rl"  # a finished run resumed with a larger budget
             state.evals.pop("end", None)
         if meta is None or meta["phase"] == "rl":
-            publisher = WeightPublisher()
+            publisher = state.publisher()
             publisher.publish(learner.policy_module(copy=False), learner.policy_version)
             if meta is None:
                 critic_warmup(state, log, learner, publisher)
@@ -491,6 +593,16 @@ def run(config: ExperimentConfig, *, distributed: DistributedConfig | None = Non
         plot_learning_curves(records, curve, keys=keys, title=str(state.out))
         print_summary(summary)
     return summary
+
+
+def _check_process_split(config: ExperimentConfig, processes: int) -> None:
+    """Batches span the processes: each brings rows / processes of them."""
+    for name, rows in (("rl.rows", config.rl.rows), ("warm_start.rows", config.warm_start.rows)):
+        if rows % processes:
+            raise ValueError(
+                f"{name}={rows} does not split over {processes} processes: each process "
+                "brings an equal share of every batch; make it a multiple of the process count"
+            )
 
 
 def _scalars(stats: dict) -> dict:

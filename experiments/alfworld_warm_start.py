@@ -32,13 +32,7 @@ from atdp_io import (
 from atdp_io.rows import TrainingView, training_view, trajectory_rows
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.metrics import MetricsWriter, ProgressBar
-from sao_jax.rollout import (
-    EnvConfig,
-    RolloutConfig,
-    WeightPublisher,
-    collect_expert_demos,
-    expert_reply,
-)
+from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos, expert_reply
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.tokenizers.chat_template import IM_END
 from sao_jax.train import BehaviourCloner
@@ -257,17 +251,18 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
     spec, config = run.config.warm_start, run.config
     if not config.model.hf_path and spec.steps > 0:
         start = time.perf_counter()
-        with run.store.writer(DEMOS) as writer:
+        with run.store.writer(run.tenant(DEMOS)) as writer:  # each process its share
             demos = collect_expert_demos(
                 writer,
                 run.tokenizer,
-                num_episodes=spec.demo_episodes,
+                num_episodes=run.share(spec.demo_episodes),
                 rollout=config.rollout,
-                env=config.env,
-                run_id=f"demos-{config.seed}",
+                env=dataclasses.replace(config.env, seed=config.env.seed + run.seed_offset()),
+                run_id=run.tenant(f"demos-{config.seed}"),
             )
+        demos = run.combined_stats(demos)
         # every demo measured (the command line checked a sample): fail here, not in the loader
-        lengths = stored_demo_lengths(run.store, config.rollout.layout)
+        lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
         check_sequence_lengths(config, lengths)
         loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
         batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
@@ -277,10 +272,14 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
             load_balance_loss_weight=config.learner.load_balance_loss_weight,
             router_z_loss_weight=config.learner.router_z_loss_weight,
             context_weight=spec.context_weight,
+            mesh=run.mesh,  # with several processes a cloning step spans all of them
         )
         total = spec.steps + spec.dagger_rounds * spec.dagger_steps
         bar = ProgressBar(
-            total, desc="behaviour cloning", keys=("nll",), disable=not config.progress
+            total,
+            desc="behaviour cloning",
+            keys=("nll",),
+            disable=None if config.progress else True,
         )
 
         def report(step: int, metrics: dict) -> None:
@@ -294,7 +293,9 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
                 dagger_round(run, log, cloner, round_index, report)
         run.policy = cloner.policy_module()
         run.seconds["bc"] += time.perf_counter() - start
-        fits = (lengths.longest_row <= spec.seq_len) & (lengths.num_rows <= spec.rows)
+        fits = (lengths.longest_row <= spec.seq_len) & (
+            lengths.num_rows <= spec.rows // run.processes  # each process's share of a batch
+        )
         log.write(
             run.step,
             {
@@ -315,14 +316,15 @@ def dagger_round(
     """The cloned policy plays (sampling), the expert relabels its turns into the demos tenant,
     and cloning continues on everything there."""
     spec, config = run.config.warm_start, run.config
-    publisher = WeightPublisher()
+    publisher = run.publisher()
     publisher.publish(cloner.policy_module(), index)
-    with run.store.writer(DAGGER) as writer:
+    with run.store.writer(run.tenant(DAGGER)) as writer:
         engine = run.engine(
             publisher, writer, asynchronous=False, tenant=DAGGER, seed_offset=700 + index
         )
-        stats = engine.generate(spec.dagger_episodes)
-    reader = run.store.reader(DAGGER, principal=DAGGER)
+        stats = run.combined_stats(engine.generate(run.share(spec.dagger_episodes)))
+    tenant = run.tenant(DAGGER)
+    reader = run.store.reader(tenant, principal=tenant)
     reader.refresh()
     played = [reader.read(i) for i in reader.trajectory_ids() if i.startswith(engine.run_id)]
     relabelled = relabel_all(
@@ -330,9 +332,9 @@ def dagger_round(
         run.tokenizer,
         think=config.rollout.think,
         max_new_tokens=config.rollout.max_new_tokens,
-        tenant=DEMOS,
+        tenant=run.tenant(DEMOS),
     )
-    with run.store.writer(DEMOS) as writer:
+    with run.store.writer(run.tenant(DEMOS)) as writer:
         writer.append(relabelled)
     log.write(
         run.step,
@@ -340,7 +342,9 @@ def dagger_round(
             "dagger/round": index + 1,
             "dagger/episodes": stats["episodes"],
             "dagger/success": stats["success_rate"],
-            "dagger/relabelled_turns": sum(len(t.llm_events()) for t in relabelled),
+            "dagger/relabelled_turns": run.combined_stats(
+                {"relabelled_turns": sum(len(t.llm_events()) for t in relabelled)}
+            )["relabelled_turns"],
         },
     )
     loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)

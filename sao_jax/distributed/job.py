@@ -41,10 +41,15 @@ class MeshSpec:
       ici: axis sizes within a slice (data, fsdp, expert, tensor; -1 = the rest). None: no
         mesh on a single process, `fsdp` over every device of several.
       dcn: axis sizes across slices (off TPU: across processes); None: `data` over all of them.
+      rollout: axis sizes of each process's sampling mesh over its own devices, used when the
+        job has several processes (each runs its own rollout engine and receives the
+        published weights resharded there); None: `fsdp` over them. One process samples on
+        the training mesh.
     """
 
     ici: MeshConfig | None = None
     dcn: DcnMeshConfig | None = None
+    rollout: MeshConfig | None = None
 
     @property
     def requested(self) -> bool:

@@ -12,6 +12,12 @@ a `WeightPublisher` (versioned, atomic). Two schedules:
 
 A stream that goes idle for `idle_timeout_s` hands over its partial batch and is revived, so a
 batch that cannot fill (too few episodes admitted for the batch size) never hangs the loop.
+
+Several processes (a multi-host job): each runs its own engine into its own ATDP partition and
+its own loader over it, and the learner's iteration is one SPMD step over every process's rows.
+So the processes agree before each iteration (`sao_jax.distributed.host_sync`): when no
+process has a batch the round ends everywhere; when some do, a process without one brings an
+empty batch (all padding) and every process iterates; a stop asked by any process stops all.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 
+from atdp_io.rows import pack_batch
+from sao_jax.distributed.host_sync import allgather_numbers
 from sao_jax.train.learner import Learner
 
 
@@ -75,6 +84,10 @@ class OnlineTrainer:
         self.iterator = iter(loader.stream(poll_interval_s=poll_interval_s, idle_timeout_s=timeout))
         self.timing = {"wait_seconds": 0.0, "learner_seconds": 0.0, "rollout_seconds": 0.0}
         self._running = False
+        self.collective = jax.process_count() > 1
+        self.contributors = 0  # processes whose rows are in the latest batch (collective)
+        geometry = loader.config
+        self._empty = pack_batch([], geometry.rows, geometry.seq_len, geometry.pad_id)
 
     # -- data position (checkpointed with the learner) -------------------------------------------
 
@@ -136,6 +149,38 @@ class OnlineTrainer:
             if (batch["traj_index"] >= 0).any():
                 yield batch
 
+    def _agreed_batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """`batches()` of a multi-process job: every process yields the same number of batches
+        (its own rows, or an empty batch when its stream went idle while another had rows)."""
+        while True:
+            if not self.asynchronous:
+                start = time.perf_counter()
+                self.engine.generate(self.episodes_per_round)
+                self.timing["rollout_seconds"] += time.perf_counter() - start
+            source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
+            while True:
+                batch = self._next_or_none(source)
+                self.contributors = int(allgather_numbers([float(batch is not None)]).sum())
+                if not self.contributors:
+                    break  # idle everywhere: the round is over (async: keep waiting)
+                yield self._empty if batch is None else batch
+            if self.asynchronous:
+                self.engine.raise_if_failed()
+
+    def _next_or_none(self, source: Iterator) -> dict[str, np.ndarray] | None:
+        """The stream's next batch with a trajectory, or None once it goes idle."""
+        start = time.perf_counter()
+        try:
+            while True:
+                batch = next(source)
+                if (batch["traj_index"] >= 0).any():
+                    return batch
+        except StopIteration:
+            self.iterator.set_state(self.iterator.get_state())  # revive the idle stream
+            return None
+        finally:
+            self.timing["wait_seconds"] += time.perf_counter() - start
+
     def run(
         self,
         policy_steps: int,
@@ -151,13 +196,18 @@ class OnlineTrainer:
         try:
             if self.learner.policy_version >= policy_steps:
                 return
-            for batch in self.batches():
+            batches = self._agreed_batches() if self.collective else self.batches()
+            for batch in batches:
                 start = time.perf_counter()
                 metrics = self.learner.iteration(batch)
                 self.publish()
                 self.timing["learner_seconds"] += time.perf_counter() - start
                 metrics.update({f"time/{k}": v for k, v in self.timing.items()})
-                stop = on_iteration(metrics) if on_iteration is not None else False
+                if self.collective:
+                    metrics["batch/processes_with_rows"] = float(self.contributors)
+                stop = bool(on_iteration(metrics)) if on_iteration is not None else False
+                if self.collective:  # a stop asked by one process (its budget) stops every one
+                    stop = bool(allgather_numbers([float(stop)]).any())
                 if stop or self.learner.policy_version >= policy_steps:
                     return
         finally:

@@ -1,14 +1,23 @@
 """The launcher's start command is the experiment's command line: parsed into the right config
-(so the two cannot drift), and run here on a mesh of the 8 fake CPU devices."""
+(so the two cannot drift), run here on a mesh of the 8 fake CPU devices, and run as a
+2-process job (each process standing in for a host of the pod)."""
 
 import json
 import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
+from atdp_io import AtdpStore
 from experiments import alfworld_run, alfworld_sao, launch_tpu
+from sao_jax.checkpoint import Checkpointer
 from sao_jax.distributed import DcnMeshConfig, Job, ProcessInfo
+from sao_jax.distributed.local_launch import launch_local
+from sao_jax.metrics import read_metrics
 from sao_jax.sharding import MeshConfig
+
+REPO = Path(__file__).parents[2]
 
 LAUNCH = ["--topology", "v5p-64", "--tpu", "pod", "--bucket", "gs://b/run"]
 
@@ -74,10 +83,95 @@ def test_the_start_command_runs_micro_on_a_mesh_of_fake_devices(tmp_path, capsys
     assert {"data": 2, "fsdp": 2, "expert": 2, "tensor": 1} in shapes
 
 
-def test_a_multi_process_job_is_refused_before_anything_is_built(tmp_path, monkeypatch):
-    info = ProcessInfo(1, 2, 4, 8, "cpu", "explicit")
-    monkeypatch.setattr(alfworld_run, "setup_job", lambda spec, distributed=None: Job(info, None))
-    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
-    with pytest.raises(NotImplementedError, match=r"joined 2 processes.*docs/scaling\.md"):
+def two_process_job(tmp_path):
+    """A Job that says it is process 1 of 2 (nothing joined): what `Run` checks first."""
+    return lambda spec, distributed=None: Job(ProcessInfo(1, 2, 4, 8, "cpu", "explicit"), None)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_refused_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(alfworld_run, "setup_job", two_process_job(tmp_path))
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out"), "rl.rows=15"])
+    with pytest.raises(ValueError, match=r"rl.rows=15 does not split over 2 processes"):
         alfworld_run.run(config)
     assert not (tmp_path / "out" / "atdp").exists()
+
+
+def test_experiments_without_a_multi_process_path_refuse_one(tmp_path):
+    """SEED and the online runner build on `Run` but run one process: they say so."""
+    job = two_process_job(tmp_path)(None)
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
+    with pytest.raises(NotImplementedError, match=r"joined 2 processes.*experiments.alfworld_sao"):
+        alfworld_run.Run(config, job)
+    assert not (tmp_path / "out" / "atdp").exists()
+
+
+def tenant_sizes(store_path) -> dict[str, int]:
+    store = AtdpStore.open(str(store_path))
+    sizes = {}
+    for tenant in store.tenants():
+        reader = store.reader(tenant, principal=tenant)
+        reader.refresh()
+        sizes[tenant] = len(list(reader.trajectory_ids()))
+    return sizes
+
+
+@pytest.mark.slow
+def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
+    """The launcher's command on 2 local processes x 2 fake devices (each process a host):
+    every phase runs, each process plays into its own ATDP partitions, the learner's batches
+    hold both processes' rows, evaluation covers every game once, and the run resumes."""
+    shared = tmp_path / "bucket"  # stands in for gs://
+    overrides = [
+        "progress=false",
+        "tensorboard=false",
+        "eval.num_games=3",  # not a multiple of 2: one process plays 2 games, the other 1
+        f"atdp_path={shared / 'atdp'}",
+        f"checkpoint_dir={shared / 'checkpoints'}",
+    ]
+    argv = experiment_argv(
+        ["--config", "micro", "--ici", "fsdp=-1,expert=2", *overrides], capsys, tmp_path / "out"
+    )
+    command = [sys.executable, "-m", "experiments.alfworld_sao", *argv]
+    job = dict(devices_per_process=2, timeout_s=420, cwd=REPO)
+    result = launch_local(command, 2, logs=tmp_path / "logs", **job)
+    assert result.ok, result.describe()
+
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy_steps"] == 2 and summary["skipped_policy_steps"] == 0
+    sizes = tenant_sizes(shared / "atdp")
+    for name in ("demos", "dagger", "warmup", "rollouts"):
+        assert sizes[f"{name}-p0"] > 0 and sizes[f"{name}-p1"] > 0, sizes
+    # expert demos split over the processes (micro: 8), plus one relabelled DAgger episode each
+    assert sizes["demos-p0"] + sizes["demos-p1"] - sizes["dagger-p0"] - sizes["dagger-p1"] == 8
+    records = read_metrics(out)
+    assert len({r["step"] for r in records if "policy/loss" in r}) == len(
+        [r for r in records if "policy/loss" in r]
+    )  # process 0 alone wrote metrics
+    rl = [r for r in records if r.get("phase") == 1.0]
+    assert len(rl) == 2 and all(r["batch/processes_with_rows"] >= 1 for r in rl)
+    assert max(r["batch/processes_with_rows"] for r in rl) == 2  # rows of both processes
+    with Checkpointer(shared / "checkpoints", create=False) as saved:
+        meta = saved.metadata()
+    for tag in ("start", "end"):
+        for split in ("valid_seen", "valid_unseen"):
+            assert meta["evals"][tag][split]["episodes"] == 3  # every game once, over both
+    assert meta["rollout_stats"]["episodes"] >= 4  # both engines counted (2 per version)
+    positions = [p["parent"]["cursors"] for p in meta["data"]["by_process"]]
+    assert [sorted(p) for p in positions] == [["rollouts-p0"], ["rollouts-p1"]]
+    assert all(next(iter(p.values())) > 0 for p in positions)
+    assert (out / "learning_curve.png").is_file()
+    logs = [path.read_text() for path in result.logs]  # the summary table: process 0 only
+    assert "unseen_success_start" in logs[0] and "unseen_success_start" not in logs[1]
+
+    resumed = launch_local(
+        [*command, "--resume", "rl.policy_steps=3"], 2, logs=tmp_path / "logs2", **job
+    )
+    assert resumed.ok, resumed.describe()
+    assert json.loads((out / "summary.json").read_text())["policy_steps"] == 3
+    with Checkpointer(shared / "checkpoints", create=False) as saved:
+        later = [p["parent"]["cursors"] for p in saved.metadata()["data"]["by_process"]]
+    for before, after in zip(positions, later, strict=True):
+        assert before.keys() == after.keys()
+        for tenant, cursor in before.items():  # each continued its own stream
+            assert after[tenant] >= cursor, tenant
