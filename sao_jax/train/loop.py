@@ -128,11 +128,16 @@ class OnlineTrainer:
                 # Retire those episodes from the engine's admission, or a learner that passes
                 # episodes without publishing a version (loader drops, skipped steps) waits
                 # forever on an engine that waits for a version (a livelock).
-                mark_consumed = getattr(self.engine, "mark_consumed", None)
-                if mark_consumed is not None:  # sources without admission control need none
-                    mark_consumed(round_began)
+                self._retire(round_began)
                 if not emitted:
                     self.engine.raise_if_failed()
+
+    def _retire(self, round_began: float) -> None:
+        """Tell the engine's admission that the stream passed what was committed before
+        `round_began` (sources without admission control need nothing)."""
+        mark_consumed = getattr(self.engine, "mark_consumed", None)
+        if mark_consumed is not None:
+            mark_consumed(round_began)
 
     def _until_idle(self) -> Iterator[dict[str, np.ndarray]]:
         source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
@@ -158,8 +163,12 @@ class OnlineTrainer:
                 self.engine.generate(self.episodes_per_round)
                 self.timing["rollout_seconds"] += time.perf_counter() - start
             source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
+            round_began = time.monotonic()
             while True:
                 batch = self._next_or_none(source)
+                if batch is None and self.asynchronous:  # this stream ran dry (see batches())
+                    self._retire(round_began)
+                    round_began = time.monotonic()
                 self.contributors = int(allgather_numbers([float(batch is not None)]).sum())
                 if not self.contributors:
                     break  # idle everywhere: the round is over (async: keep waiting)
