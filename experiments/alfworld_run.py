@@ -165,6 +165,12 @@ class Run:
         """This process's part of a run-wide episode count (at least 1)."""
         return max(1, -(-total // self.processes))
 
+    @property
+    def episodes_per_version(self) -> int:
+        """This process's share of `rl.episodes_per_version` (admission, a synchronous round),
+        at least one group."""
+        return max(self.config.rollout.group_size, self.share(self.config.rl.episodes_per_version))
+
     def seed_offset(self) -> int:
         """Games and sampling differ per process (process 0 keeps the one-process seeds)."""
         return 100_000 * self.process
@@ -241,7 +247,7 @@ class Run:
                 envs_per_worker=rl.envs_per_worker,
                 asynchronous=asynchronous,
                 max_staleness=rl.max_staleness,
-                episodes_per_version=max(rollout.group_size, self.share(rl.episodes_per_version)),
+                episodes_per_version=self.episodes_per_version,
                 tenant=self.tenant(tenant),
             ),
             samplers=[self.sampler(w) for w in range(rl.num_workers)],
@@ -418,7 +424,7 @@ def reinforcement_learning(
         publisher,
         engine,
         asynchronous=rl.asynchronous,
-        episodes_per_round=rl.episodes_per_version,
+        episodes_per_round=run.episodes_per_version,
         idle_timeout_s=rl.idle_timeout_s,
     )
     if data_state:

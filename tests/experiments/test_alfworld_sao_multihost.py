@@ -149,8 +149,8 @@ def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
         [r for r in records if "policy/loss" in r]
     )  # process 0 alone wrote metrics
     rl = [r for r in records if r.get("phase") == 1.0]
-    assert len(rl) == 2 and all(r["batch/processes_with_rows"] >= 1 for r in rl)
-    assert max(r["batch/processes_with_rows"] for r in rl) == 2  # rows of both processes
+    # asynchronous: a process whose stream went idle brings an empty batch
+    assert len(rl) == 2 and all(r["batch/processes_with_rows"] in (1, 2) for r in rl)
     with Checkpointer(shared / "checkpoints", create=False) as saved:
         meta = saved.metadata()
     for tag in ("start", "end"):
@@ -164,11 +164,15 @@ def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
     logs = [path.read_text() for path in result.logs]  # the summary table: process 0 only
     assert "unseen_success_start" in logs[0] and "unseen_success_start" not in logs[1]
 
-    resumed = launch_local(
-        [*command, "--resume", "rl.policy_steps=3"], 2, logs=tmp_path / "logs2", **job
-    )
+    # resumed with the synchronous schedule: each process plays its 1 episode of the round
+    # before anyone reads, so the iteration holds rows of both (plus leftovers of the first part)
+    more = ["--resume", "rl.policy_steps=3", "rl.asynchronous=false"]
+    resumed = launch_local([*command, *more], 2, logs=tmp_path / "logs2", **job)
     assert resumed.ok, resumed.describe()
-    assert json.loads((out / "summary.json").read_text())["policy_steps"] == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy_steps"] == 3 and not summary["asynchronous"]
+    last = [r for r in read_metrics(out) if r.get("phase") == 1.0][-1]
+    assert last["batch/processes_with_rows"] == 2 and last["batch/trajectories"] >= 2
     with Checkpointer(shared / "checkpoints", create=False) as saved:
         later = [p["parent"]["cursors"] for p in saved.metadata()["data"]["by_process"]]
     for before, after in zip(positions, later, strict=True):
