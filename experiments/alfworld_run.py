@@ -137,13 +137,14 @@ class Run:
         # Several processes: each samples on a mesh of its own devices (its engine's decode
         # steps are then its own business) and receives weights resharded there.
         self.rollout_mesh, self.rollout_shardings = self.mesh, None
-        self._sampler_template = self.policy
+        self._local_template: Transformer | None = None
         if self.processes > 1:
             self.rollout_mesh = make_global_mesh(
                 config.mesh.rollout or MeshConfig(), jax.local_devices()
             )
             self.rollout_shardings = rollout_shardings(self.policy, self.rollout_mesh)
-            self._sampler_template = self.local_copy(self.policy)
+            # shapes (and first weights) of this process's samplers; publication replaces them
+            self._local_template = self.local_copy(self.policy)
         self.step = 0  # metrics.jsonl step: cloning steps, then learner iterations
         # seconds per phase, summed over resumed segments; `total` also counts this one
         self.seconds = {"bc": 0.0, "eval": 0.0, "rl": 0.0, "total": 0.0}
@@ -199,6 +200,12 @@ class Run:
             return checkpoint_directory(self.config.checkpoint_dir).parent / WARM_START_DIR
         return self.out / WARM_START_DIR
 
+    @property
+    def sampler_template(self) -> Transformer:
+        """The policy a new sampler is built from: the current one on one process (the model
+        may have been replaced since, e.g. by cloning), else a copy on the rollout mesh."""
+        return self.policy if self._local_template is None else self._local_template
+
     def publisher(self) -> WeightPublisher:
         """A publisher whose snapshots land on this process's rollout mesh."""
         return WeightPublisher(shardings=self.rollout_shardings)
@@ -208,7 +215,7 @@ class Run:
         key = (self.policy.config, self.tokenizer.pad_id, self.rollout_mesh, index)
         if key not in _SAMPLERS:
             _SAMPLERS[key] = Sampler(
-                self._sampler_template, pad_id=self.tokenizer.pad_id, mesh=self.rollout_mesh
+                self.sampler_template, pad_id=self.tokenizer.pad_id, mesh=self.rollout_mesh
             )
         return _SAMPLERS[key]
 
@@ -236,7 +243,7 @@ class Run:
             self.config.rollout, seed=self.config.rollout.seed + self.seed_offset()
         )
         return RolloutEngine(
-            self._sampler_template,
+            self.sampler_template,
             self.tokenizer,
             writer,
             publisher,
