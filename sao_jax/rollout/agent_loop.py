@@ -30,7 +30,13 @@ from atdp_io import DecodingParams
 from sao_jax.envs.alfworld import AlfworldEnv, BatchedAlfworldEnv, GameSampler, parse_reply
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
-from sao_jax.rollout.run_ids import MAX_GROUPS, check_run_id, new_run_id, rollout_episode_id
+from sao_jax.rollout.run_ids import (
+    MAX_GROUPS,
+    check_run_id,
+    new_run_id,
+    rollout_episode_id,
+    rollout_group_id,
+)
 from sao_jax.rollout.sampler import Sampler
 from sao_jax.rollout.sampling import SamplingParams
 from sao_jax.tokenizers import Tokenizer
@@ -474,6 +480,7 @@ class AgentLoop:
             decoding=self.decoding,
             worker_id=self.worker_id,
             started_at=slot.started_at,
+            group_key=rollout_group_id(self.run_id, self.worker_id, slot.group_id),
         )
 
 

@@ -95,6 +95,7 @@ class Episode:
     decoding: DecodingParams
     worker_id: int
     started_at: float
+    group_key: str = ""  # unique per group (`rollout_group_id`); "" = a group of its own
 
     @property
     def steps(self) -> int:
@@ -132,6 +133,8 @@ class Episode:
             "group_id": self.group_id,
             "group_size": self.group_size,
             "member": self.member,
+            # what `LoaderConfig(group_by="task.group_key")` keeps in one batch
+            "group_key": self.group_key or self.episode_id,
             "layout": self.layout,
             "source": self.source,
         }

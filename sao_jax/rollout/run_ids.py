@@ -25,9 +25,15 @@ def new_run_id() -> str:
 MAX_GROUPS = 10**9
 
 
+def rollout_group_id(run_id: str, worker_id: int, group: int) -> str:
+    """The id of group `group` played by worker `worker_id` of a run (unique in the run, unlike
+    the worker's group counter; stored as `header.task["group_key"]` for the loader)."""
+    return f"{run_id}-w{worker_id}-g{group}"
+
+
 def rollout_episode_id(run_id: str, worker_id: int, group: int, member: int) -> str:
     """The id of member `member` of group `group` played by worker `worker_id` of a run."""
-    return f"{run_id}-w{worker_id}-g{group}-m{member}"
+    return f"{rollout_group_id(run_id, worker_id, group)}-m{member}"
 
 
 def demo_episode_id(run_id: str, index: int) -> str:

@@ -149,6 +149,9 @@ def test_group_sampling_plays_each_game_g_times_and_writes_groups_contiguously(t
         (e.group_id, e.member) for e in episodes
     ]
     assert all(t["group_size"] == 2 and t["source"] == "rollout" for t in tasks)
+    # group_key (what the loader's group_by reads) is shared by a group's members only
+    keys = [t["group_key"] for t in tasks]
+    assert keys[0::2] == keys[1::2] and len(set(keys)) == 3
 
 
 def test_slot_refill_and_lockstep_play_identical_episodes():
