@@ -7,7 +7,8 @@ Two sources, one batcher (see pipeline.py):
   the stream's cursor, in commit order, polling storage for new commits; blocks until data.
 
 Trajectories are read in groups (one TensorStore batch per group), laid out as rows (rows.py)
-and packed into `[rows, seq_len]` batches without ever splitting a trajectory. Iterators are
+and packed into `[rows, seq_len]` batches without ever splitting a trajectory, nor, with
+`LoaderConfig.group_by`, a group of trajectories committed together (groups.py). Iterators are
 checkpointable (`get_state` / `set_state`). Governance is enforced at read time from the index:
 an ineligible, consent-withdrawn, expired or purged trajectory is never even read, and a batch
 is re-checked against purges just before it leaves.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import grain
 
+from atdp_io import groups as groups_lib
 from atdp_io import rows as rows_lib
 from atdp_io.governance import EligibilityPolicy, ineligibility_reason
 from atdp_io.pipeline import LoaderStarvedError as LoaderStarvedError  # the iterators raise it
@@ -42,6 +44,11 @@ class LoaderConfig:
     weights (None sums every source). `starved_after`: a stream that drops this many
     trajectories in a row as too long raises `LoaderStarvedError` instead of waiting for one
     that fits (0: never); a repeated epoch raises it after a whole pass that kept none.
+    `group_by`: None, or the header field whose value names a trajectory's group ("task.<name>",
+    "session_id", "trajectory_id"; rollouts write "task.group_key"): trajectories consecutive in
+    commit order with one value (a group the engine appended at once) are then never split
+    across batches; a group needing more than `rows` rows, or holding a too-long trajectory, is
+    dropped whole (counted) or refused under `too_long`; epochs shuffle groups.
     """
 
     rows: int
@@ -55,6 +62,7 @@ class LoaderConfig:
     pad_id: int = 0
     drop_remainder: bool = False
     starved_after: int = 16
+    group_by: str | None = None
     eligibility: EligibilityPolicy = dataclasses.field(default_factory=EligibilityPolicy)
 
     def __post_init__(self):
@@ -74,6 +82,7 @@ class LoaderConfig:
             raise ValueError("LoaderConfig.max_staleness must be >= 0 or None")
         if self.starved_after < 0:
             raise ValueError(f"LoaderConfig.starved_after must be >= 0, got {self.starved_after}")
+        groups_lib.check_group_by(self.group_by)
 
 
 class LoaderStats:
@@ -143,20 +152,31 @@ class AtdpLoader:
         use the same `seed`. Trajectories are read `read_group` at a time (default: `rows`) on
         `read_threads` threads. With `num_epochs` None, a whole pass in which every trajectory
         is dropped (too long, stale, ineligible) raises `LoaderStarvedError` instead of
-        repeating forever.
+        repeating forever. With `config.group_by`, whole groups are sharded and shuffled, and
+        read about `read_group` trajectories' worth of groups at a time.
         """
         shard = shard or self._shard or _jax_process_shard()
-        snapshot = self._snapshot()
-        self.stats.add("epoch_trajectories", len(snapshot))
-        ds = grain.MapDataset.source(snapshot)
-        ds = ds[shard.shard_index :: shard.shard_count]
-        pass_size = len(ds) if num_epochs is None else None
+        if self.config.group_by is None:
+            snapshot = self._snapshot()
+            self.stats.add("epoch_trajectories", len(snapshot))
+            ds = grain.MapDataset.source(snapshot)
+            ds = ds[shard.shard_index :: shard.shard_count]
+            pass_size = len(ds) if num_epochs is None else None
+            per_read = read_group or self.config.rows
+        else:
+            units = self._snapshot_groups()
+            self.stats.add("epoch_trajectories", sum(len(unit) for unit in units))
+            mine = units[shard.shard_index :: shard.shard_count]
+            keys = sum(len(unit) for unit in mine)
+            pass_size = keys if num_epochs is None else None
+            per_read = max(1, round((read_group or self.config.rows) * len(mine) / max(keys, 1)))
+            ds = grain.MapDataset.source(mine)
         if shuffle:
             ds = ds.shuffle(seed)
         if num_epochs != 1:
             ds = ds.repeat(num_epochs)
-        ds = ds.batch(read_group or self.config.rows, batch_fn=list)
-        ds = ds.map(lambda keys: ReadGroup(self.load_many(keys), num_keys=len(keys)))
+        ds = ds.batch(per_read, batch_fn=list)
+        ds = ds.map(self._read_group)
         options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
         return TrajectoryBatcher(ds.to_iter_dataset(options), self, pass_size=pass_size)
 
@@ -172,7 +192,8 @@ class AtdpLoader:
 
         Without `idle_timeout_s` a `next()` blocks until a batch fills; with it, the stream
         emits a last partial batch and ends after that long without a new trajectory. `shard`:
-        as for `epoch`.
+        as for `epoch`. With `config.group_by`, a read takes whole groups (it may pass
+        `read_group` to finish one) and shards deal out groups, not trajectories.
         """
         shard = shard or self._shard or _jax_process_shard()
         group = read_group or self.config.rows
@@ -184,11 +205,17 @@ class AtdpLoader:
         with self._read_lock:
             return any([bool(reader.refresh()) for reader in self.readers.values()])
 
-    def load_many(self, keys: Sequence[tuple[str, int]]) -> list[TrajectoryRows]:
+    def load_many(
+        self,
+        keys: Sequence[tuple[str, int]],
+        groups: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[TrajectoryRows]:
         """Reads `(tenant, trajectory row)`s (one fetch per tenant) and lays them out, in order.
 
+        `groups[i]`: the group of `keys[i]` (the key of its first member), kept on the item.
         Trajectories that must not train are left out and counted by reason.
         """
+        group_of = dict(zip(keys, groups, strict=True)) if groups is not None else {}
         eligible = [key for key in keys if self._eligible(*key)]
         views = {}
         for tenant in dict.fromkeys(t for t, _ in eligible):
@@ -211,7 +238,8 @@ class AtdpLoader:
                 self.stats.add("dropped_no_llm_calls")
                 continue
             self.stats.add("trajectories_read")
-            items.append(TrajectoryRows(key[0], view.trajectory_id, key[1], rows))
+            group = group_of.get(key)
+            items.append(TrajectoryRows(key[0], view.trajectory_id, key[1], rows, group))
         return items
 
     def not_purged_since(self, items: Sequence[TrajectoryRows]) -> list[bool]:
@@ -231,6 +259,26 @@ class AtdpLoader:
         """(tenant, trajectory row) of every closed trajectory, in commit order per tenant."""
         self.refresh()
         return [(t, row) for t, reader in self.readers.items() for row in reader.index.close_order]
+
+    def _snapshot_groups(self) -> list[list[tuple[str, int]]]:
+        """The closed trajectories as groups (runs of `config.group_by`), in commit order."""
+        self.refresh()
+        units = []
+        for tenant, reader in self.readers.items():
+            order, position = reader.index.close_order, 0
+            while position < len(order):
+                length = groups_lib.run_length_at(reader.index, position, self.config.group_by)
+                units.append([(tenant, row) for row in order[position : position + length]])
+                position += length
+        return units
+
+    def _read_group(self, batch: list) -> ReadGroup:
+        """Reads one list of keys (or of groups of keys) of an epoch."""
+        if self.config.group_by is None:
+            return ReadGroup(self.load_many(batch), num_keys=len(batch))
+        keys = [key for unit in batch for key in unit]
+        groups = [unit[0] for unit in batch for _ in unit]
+        return ReadGroup(self.load_many(keys, groups), num_keys=len(keys))
 
     def _eligible(self, tenant: str, row: int) -> bool:
         index = self.readers[tenant].index

@@ -5,6 +5,12 @@ the parent's state before the list it is in plus how many items of that list wer
 a restored iterator continues exactly where the saved one stood, including a trajectory carried
 over to the next batch because it did not fit.
 
+With `LoaderConfig.group_by` the unit the batcher never splits is a group (groups.py): the
+sources put each group whole into one list (a read group is extended to finish one) and tag
+its items with the group's first key; the batcher takes a group's items together, so a group
+that does not fit the rest of a batch starts the next one, and one larger than a batch is
+dropped or refused like a too-long trajectory.
+
 A batcher never waits on data it throws away: a repeated epoch that went a whole pass without
 keeping a trajectory, or a stream that dropped `LoaderConfig.starved_after` trajectories in a row
 as too long, raises `LoaderStarvedError` (the epoch would otherwise spin forever, and the stream
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import grain
 import numpy as np
 
+from atdp_io import groups as groups_lib
 from atdp_io import rows as rows_lib
 
 if TYPE_CHECKING:
@@ -42,7 +49,8 @@ class ReadGroup(list):
 
 @dataclasses.dataclass
 class DropTally:
-    """What the batcher dropped since it last kept a trajectory (for `LoaderStarvedError`)."""
+    """What the batcher dropped since it last kept a trajectory or group (for
+    `LoaderStarvedError`); `too_long` counts groups under `LoaderConfig.group_by`."""
 
     too_long: int = 0
     stale: int = 0
@@ -50,12 +58,12 @@ class DropTally:
     longest_row: int = 0
     most_rows: int = 0
 
-    def describe(self, rows: int, seq_len: int) -> str:
+    def describe(self, rows: int, seq_len: int, unit: str = "trajectory") -> str:
         parts = []
         if self.too_long:
             parts.append(
                 f"{self.too_long} too long for the {rows} x {seq_len} batch (rows of up to "
-                f"{self.longest_row} tokens, up to {self.most_rows} rows per trajectory)"
+                f"{self.longest_row} tokens, up to {self.most_rows} rows per {unit})"
             )
         if self.stale:
             parts.append(f"{self.stale} stale")
@@ -77,6 +85,10 @@ class TrajectoryRows:
     trajectory_id: str
     row: int  # the trajectory's row in its partition's record log
     rows: list[rows_lib.Row]
+    group: tuple[str, int] | None = None  # (tenant, row) of its group's first member
+
+    def starts_group(self) -> bool:
+        return self.group is None or self.group == (self.tenant, self.row)
 
 
 class TrajectoryBatcher(grain.IterDataset):
@@ -124,7 +136,7 @@ class _BatcherIterator(grain.DatasetIterator):
         self._queue: collections.deque[TrajectoryRows] = collections.deque()
         self._list_state: dict | None = None  # parent state before the list in `_queue`
         self._taken = 0  # items of that list already consumed
-        self._carry: tuple[TrajectoryRows, list[rows_lib.Row]] | None = None
+        self._carry: list[tuple[TrajectoryRows, list[rows_lib.Row]]] | None = None  # one unit
         self._carry_position: tuple[dict, int] | None = None
         self._exhausted = False
 
@@ -133,31 +145,31 @@ class _BatcherIterator(grain.DatasetIterator):
         groups: list[tuple[TrajectoryRows, list[rows_lib.Row]]] = []
         used = 0
         if self._carry is not None:
-            item, rows = self._carry
-            # the learner may have moved on since the carried trajectory was filtered
-            rows = self._fresh(rows)
-            if rows:
-                groups.append((item, rows))
-                used = len(rows)
+            # the learner may have moved on since the carried unit was filtered
+            members = [(item, fresh) for item, rows in self._carry if (fresh := self._fresh(rows))]
+            if members:
+                groups.extend(members)
+                used = sum(len(rows) for _, rows in members)
                 self._kept()
             else:
                 self._dropped.stale += 1
             self._carry = self._carry_position = None
         while used < config.rows:
-            pulled = self._pull()
+            pulled = self._pull_unit()
             if pulled is None:
                 break
-            item, position = pulled
-            rows = self._filter(item)
-            if not rows:
+            unit, position = pulled
+            members = self._filter(unit)
+            if not members:
                 self._raise_if_starved()
                 continue
             self._kept()
-            if used + len(rows) > config.rows:
-                self._carry, self._carry_position = (item, rows), position
+            size = sum(len(rows) for _, rows in members)
+            if used + size > config.rows:
+                self._carry, self._carry_position = members, position
                 break
-            groups.append((item, rows))
-            used += len(rows)
+            groups.extend(members)
+            used += size
         if not groups or (config.drop_remainder and used < config.rows and self._exhausted):
             raise StopIteration
         kept = self._loader.not_purged_since([item for item, _ in groups])
@@ -167,6 +179,23 @@ class _BatcherIterator(grain.DatasetIterator):
         return rows_lib.pack_batch(
             [rows for _, rows in groups], config.rows, config.seq_len, config.pad_id
         )
+
+    def _pull_unit(self) -> tuple[list[TrajectoryRows], tuple[dict, int]] | None:
+        """The next unit the batcher never splits (a trajectory, or a group's items: the
+        sources put a whole group in one list) and the position of its first item."""
+        pulled = self._pull()
+        if pulled is None:
+            return None
+        first, position = pulled
+        unit = [first]
+        while (
+            first.group is not None
+            and self._queue
+            and self._queue[0].group == first.group
+            and not self._queue[0].starts_group()  # a repeated epoch may put a group twice
+        ):
+            unit.append(self._pull()[0])
+        return unit, position
 
     def _pull(self) -> tuple[TrajectoryRows, tuple[dict, int]] | None:
         """The next item and its position (parent state before its list, index in the list)."""
@@ -188,25 +217,41 @@ class _BatcherIterator(grain.DatasetIterator):
         self._keys_read += 1
         return self._queue.popleft(), position
 
-    def _filter(self, item: TrajectoryRows) -> list[rows_lib.Row]:
+    def _filter(
+        self, unit: list[TrajectoryRows]
+    ) -> list[tuple[TrajectoryRows, list[rows_lib.Row]]]:
+        """The unit's members with their fresh rows; [] when it is dropped whole."""
         config, stats = self._loader.config, self._loader.stats
-        rows = item.rows
-        if any(r.length > config.seq_len for r in rows) or len(rows) > config.rows:
-            longest = max(r.length for r in rows)
+        needed = sum(len(item.rows) for item in unit)
+        longest = max(r.length for item in unit for r in item.rows)
+        if longest > config.seq_len or needed > config.rows:
             if config.too_long == "error":
-                raise ValueError(
-                    f"trajectory {item.trajectory_id!r} ({item.tenant}) needs {len(rows)} rows of "
-                    f"up to {longest} tokens; the batch is {config.rows} x {config.seq_len}"
-                )
-            stats.add("dropped_too_long")
+                raise ValueError(self._too_long_message(unit, needed, longest))
+            stats.add("dropped_too_long", len(unit))
+            if config.group_by is not None:
+                stats.add("dropped_too_long_groups")
             dropped = self._dropped
             dropped.too_long += 1
             dropped.longest_row = max(dropped.longest_row, longest)
-            dropped.most_rows = max(dropped.most_rows, len(rows))
+            dropped.most_rows = max(dropped.most_rows, needed)
             return []
-        fresh = self._fresh(rows)
-        self._dropped.stale += not fresh
-        return fresh
+        members = [(item, fresh) for item in unit if (fresh := self._fresh(item.rows))]
+        self._dropped.stale += not members
+        return members
+
+    def _too_long_message(self, unit: list[TrajectoryRows], needed: int, longest: int) -> str:
+        config, first = self._loader.config, unit[0]
+        batch = f"the batch is {config.rows} x {config.seq_len}"
+        if config.group_by is None:
+            return (
+                f"trajectory {first.trajectory_id!r} ({first.tenant}) needs {needed} rows of "
+                f"up to {longest} tokens; {batch}"
+            )
+        return (
+            f"the group of {len(unit)} trajectories from {first.trajectory_id!r} "
+            f"({first.tenant}, LoaderConfig.group_by={config.group_by!r}) needs {needed} rows of "
+            f"up to {longest} tokens; {batch}, and a group is never split across batches"
+        )
 
     def _count_unread(self) -> None:
         """Counts the keys of a used-up list that yielded no item. Only now, since their place
@@ -226,9 +271,11 @@ class _BatcherIterator(grain.DatasetIterator):
     def _raise_if_starved(self) -> None:
         """Raises once dropping is all this iterator can do (see the module docstring)."""
         config, dropped = self._loader.config, self._dropped
+        unit = "trajectory" if config.group_by is None else "group"
         if self._stream:
             starved = bool(config.starved_after) and dropped.too_long >= config.starved_after
-            what = f"the stream dropped {dropped.too_long} trajectories in a row and kept none"
+            units = "trajectories" if config.group_by is None else "groups"
+            what = f"the stream dropped {dropped.too_long} {units} in a row and kept none"
         elif self._pass_size is not None:
             size = self._pass_size
             if self._aligned:  # a whole pass [b, b + size) read since the last keep
@@ -241,7 +288,7 @@ class _BatcherIterator(grain.DatasetIterator):
             return  # a finite epoch ends by itself
         if starved:
             raise LoaderStarvedError(
-                f"{what}: {dropped.describe(config.rows, config.seq_len)} "
+                f"{what}: {dropped.describe(config.rows, config.seq_len, unit)} "
                 "(LoaderConfig.too_long='error' names the first one)"
             )
 
@@ -312,14 +359,16 @@ class _StreamIterator(grain.DatasetIterator):
         super().__init__()
         self._source = source
         self._cursors = dict.fromkeys(source._loader.readers, 0)
+        # groups passed per tenant (with `group_by`): shards deal out groups by this ordinal
+        self._groups = dict.fromkeys(source._loader.readers, 0)
 
     def __next__(self) -> list[TrajectoryRows]:
         source, loader = self._source, self._source._loader
         idle_since = time.monotonic()
         while True:
-            keys = self._next_keys()
+            keys, groups = self._next_keys()
             if keys:
-                items = loader.load_many(keys)
+                items = loader.load_many(keys, groups)
                 if items:
                     return items
                 continue  # everything in this group was filtered out: look further
@@ -329,22 +378,37 @@ class _StreamIterator(grain.DatasetIterator):
             if not loader.refresh():
                 time.sleep(source._poll_interval_s)
 
-    def _next_keys(self) -> list[tuple[str, int]]:
-        """Up to a read group of this shard's newly closed trajectories; advances the cursors."""
-        source, keys = self._source, []
+    def _next_keys(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]] | None]:
+        """Up to a read group of this shard's newly closed trajectories (whole groups with
+        `group_by`) and the group of each (None without); advances the cursors."""
+        source, keys, groups = self._source, [], []
+        group_by = source._loader.config.group_by
         for tenant, reader in source._loader.readers.items():
             order = reader.index.close_order
             while self._cursors[tenant] < len(order) and len(keys) < source._read_group:
                 position = self._cursors[tenant]
-                self._cursors[tenant] += 1
-                # by position in the close order, the same on every host (trajectory rows are
-                # record offsets: their parity follows event counts and can starve a shard)
-                if position % source._shard.shard_count == source._shard.shard_index:
-                    keys.append((tenant, order[position]))
-        return keys
+                if group_by is None:
+                    length, ordinal = 1, position
+                else:
+                    # one append closes its trajectories together: a run at the end of what
+                    # is visible is complete
+                    length = groups_lib.run_length_at(reader.index, position, group_by)
+                    ordinal = self._groups[tenant]
+                    self._groups[tenant] += 1
+                self._cursors[tenant] += length
+                # by position in the close order (group ordinal with `group_by`), the same on
+                # every host (trajectory rows are record offsets: their parity follows event
+                # counts and can starve a shard)
+                if ordinal % source._shard.shard_count == source._shard.shard_index:
+                    members = order[position : position + length]
+                    keys.extend((tenant, row) for row in members)
+                    groups.extend([(tenant, members[0])] * length)
+        return keys, (groups if group_by is not None else None)
 
     def get_state(self) -> dict[str, Any]:
-        return {"cursors": dict(self._cursors)}
+        if self._source._loader.config.group_by is None:
+            return {"cursors": dict(self._cursors)}
+        return {"cursors": dict(self._cursors), "groups": dict(self._groups)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         cursors = state["cursors"]
@@ -353,5 +417,16 @@ class _StreamIterator(grain.DatasetIterator):
                 f"stream state is for tenants {sorted(cursors)}, this stream reads "
                 f"{sorted(self._cursors)}"
             )
+        grouped = self._source._loader.config.group_by is not None
+        if grouped != ("groups" in state):
+            raise ValueError(
+                "stream state was saved "
+                + ("without" if grouped else "with")
+                + " LoaderConfig.group_by and this stream reads "
+                + ("with" if grouped else "without")
+                + " it: the shards would deal out other trajectories"
+            )
         self._source._loader.refresh()
         self._cursors = {t: int(c) for t, c in cursors.items()}
+        if grouped:
+            self._groups = {t: int(state["groups"][t]) for t in cursors}
