@@ -223,6 +223,9 @@ class Run:
         """A loader over this process's tenant `name`; `rows` is the run-wide batch, of which
         each process brings its share (the learner's batch spans every process)."""
         tenant = self.tenant(name)
+        if get_algorithm(self.config.learner.algorithm).advantage == "group":
+            # a GRPO member batched apart from its group gets a baseline from the wrong members
+            config.setdefault("group_by", "task.group_key")
         return AtdpLoader(
             self.store,
             [tenant],
