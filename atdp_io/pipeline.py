@@ -92,7 +92,8 @@ class TrajectoryRows:
 
 
 class TrajectoryBatcher(grain.IterDataset):
-    """Packs lists of `TrajectoryRows` into fixed-shape batches; never splits a trajectory.
+    """Packs lists of `TrajectoryRows` into fixed-shape batches; never splits a trajectory
+    (nor, with `LoaderConfig.group_by`, a group).
 
     `pass_size`: trajectories in one pass of a repeated epoch; a whole pass without one kept
     trajectory raises `LoaderStarvedError`. `stream`: the parent is a `StreamSource`; too-long
