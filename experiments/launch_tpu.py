@@ -198,13 +198,14 @@ def dry_run(launch: Launch, args: argparse.Namespace) -> int:
         context=args.context,
         remat=args.remat,
     )
-    train_mesh, rollout_mesh = _dry_run_meshes(launch, args.rollout_chips)
+    train_mesh, rollout_mesh, colocated = _dry_run_meshes(launch, args.rollout_chips)
     plans = plan_memory(
         config,
         train_mesh,
         workload,
         hbm_bytes=topology.hbm_bytes,
         rollout_mesh=rollout_mesh,
+        rollout_colocated=colocated,
     )
     n_params = sum(math.prod(leaf.shape) for leaf in abstract_params(config))
     print(
@@ -221,11 +222,18 @@ def dry_run(launch: Launch, args: argparse.Namespace) -> int:
 
 
 def _dry_run_meshes(launch: Launch, rollout_chips: int):
-    """Axis sizes of the training mesh and (disaggregated) of the rollout mesh."""
+    """Axis sizes of the training mesh and of the rollout's, and whether they share chips.
+
+    Colocated on several hosts, the experiment samples on each host's chips (its default
+    `mesh.rollout`: fsdp over them), so the rollout copy is whole on every host."""
     topology = launch.topology
-    if not rollout_chips:
-        return launch.mesh.resolve(topology.chips, topology.num_slices), None
     chips_per_host = topology.chips_per_slice // topology.hosts_per_slice
+    if not rollout_chips:
+        train = launch.mesh.resolve(topology.chips, topology.num_slices)
+        if topology.hosts == 1:
+            return train, None, False
+        per_host = {"data": topology.hosts, "fsdp": chips_per_host, "expert": 1, "tensor": 1}
+        return train, per_host, True
     if not 0 < rollout_chips < chips_per_host:
         raise ValueError(
             f"--rollout-chips must leave training chips on each {chips_per_host}-chip host"
@@ -235,7 +243,7 @@ def _dry_run_meshes(launch: Launch, rollout_chips: int):
     # Decoding: tensor parallel over a host's rollout chips, data parallel across hosts.
     rollout = MeshConfig(data=-1, fsdp=1, expert=1, tensor=rollout_chips)
     sizes = rollout.resolve(rollout_chips * topology.hosts)
-    return train, dict(zip(MESH_AXES, sizes, strict=True))
+    return train, dict(zip(MESH_AXES, sizes, strict=True)), False
 
 
 def render(commands: Sequence[list[str]]) -> str:

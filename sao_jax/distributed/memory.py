@@ -11,7 +11,9 @@ its dtype and the shard its logical axes give on the mesh. The learner holds, pe
 
 Rollout holds its published copy of the parameters and the KV cache (slots x context). With a
 colocated plan one device group holds everything; a disaggregated plan has a train group and a
-rollout group, each with its own mesh.
+rollout group, each with its own mesh. A multi-host experiment samples on each host's own
+chips (`experiments.alfworld_sao`: one engine per process): colocated, but its rollout terms
+are laid out on a (data = hosts, fsdp = chips per host) mesh, i.e. a full copy per host.
 """
 
 from __future__ import annotations
@@ -281,10 +283,14 @@ def plan_memory(
     hbm_bytes: int,
     learner: LearnerConfig | None = None,
     rollout_mesh: Mapping[str, int] | None = None,
+    rollout_colocated: bool = False,
     usable_fraction: float = 0.9,
     rules: LogicalRules | None = None,
 ) -> list[MemoryPlan]:
     """Per-device memory plans: one colocated group, or [train, rollout] with `rollout_mesh`.
+
+    `rollout_colocated`: the rollout shares the training devices but its copy and cache are
+    laid out on `rollout_mesh` (per-host sampling meshes): one colocated plan.
 
     `usable_fraction` of HBM is the budget (the rest: XLA's program, scratch and
     fragmentation).
@@ -319,17 +325,24 @@ def plan_memory(
     train.append(MemoryTerm("activations", activations, policy_note))
     rollout_on = train_mesh if rollout_mesh is None else rollout_mesh
     rollout = [
-        MemoryTerm("rollout params", _bytes(policy, rollout_on, rules), "published copy"),
+        MemoryTerm(
+            "rollout params",
+            _bytes(policy, rollout_on, rules),
+            "published copy, whole on each host" if rollout_colocated else "published copy",
+        ),
         MemoryTerm(
             "KV cache",
             kv_cache_bytes(config, workload, rollout_on, rules),
             f"{workload.rollout_slots} slots x {workload.context} positions",
         ),
     ]
-    if rollout_mesh is None:
+    if rollout_colocated and rollout_mesh is None:
+        raise ValueError("rollout_colocated needs the rollout_mesh the samplers use")
+    if rollout_mesh is None or rollout_colocated:
+        where = " (colocated, sampling on each host's chips)" if rollout_colocated else ""
         return [
             MemoryPlan(
-                "train + rollout (colocated)",
+                f"train + rollout{where or ' (colocated)'}",
                 dict(train_mesh),
                 tuple(train + rollout),
                 hbm_bytes,

@@ -148,3 +148,23 @@ def test_disaggregated_plans_split_training_and_rollout():
         .name
         == "gradients"
     )  # no critic
+
+
+def test_per_host_sampling_is_one_plan_with_the_rollout_laid_out_per_host():
+    """Colocated, but each host's engine holds a whole copy over its own chips."""
+    per_host = {"data": 2, "fsdp": 2, "expert": 1, "tensor": 1}  # 2 hosts x 2 chips
+    (plan,) = plan_memory(
+        SMALL, MESH, Workload(), hbm_bytes=GIB, rollout_mesh=per_host, rollout_colocated=True
+    )
+    (shared,) = plan_memory(SMALL, MESH, Workload(), hbm_bytes=GIB)
+    _, apart = plan_memory(SMALL, MESH, Workload(), hbm_bytes=GIB, rollout_mesh=per_host)
+    terms = {t.name: t.bytes for t in plan.terms}
+    # training terms as in the shared-mesh plan, rollout terms as on the per-host mesh
+    for term in shared.terms[:-2]:
+        assert terms[term.name] == term.bytes, term.name
+    for term in apart.terms:
+        assert terms[term.name] == term.bytes, term.name
+    assert terms["rollout params"] > shared.terms[-2].bytes  # less sharded than the learner's
+    assert "each host" in plan.group and plan.total == sum(terms.values())
+    with pytest.raises(ValueError, match="rollout_colocated needs the rollout_mesh"):
+        plan_memory(SMALL, MESH, Workload(), hbm_bytes=GIB, rollout_colocated=True)
