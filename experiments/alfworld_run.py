@@ -452,7 +452,10 @@ def reinforcement_learning(
     def on_iteration(metrics: dict) -> bool:
         nonlocal last_checkpoint
         run.step += 1
-        stats = run.combined_stats(engine.stats())
+        # what the loader passed over (too long, stale, ...): counted with the engine's
+        # stats in one exchange on several processes
+        read = {f"loader/{k}": v for k, v in loader.stats.snapshot().items()}
+        stats = run.combined_stats(engine.stats() | read)
         run.rollout_stats = dict(
             stats,
             env_steps=steps_before + stats["env_steps"],
@@ -467,6 +470,7 @@ def reinforcement_learning(
                 "rollout/invalid_reply_rate": stats["invalid_reply_rate"],
             }
         )
+        metrics.update({k: v for k, v in stats.items() if k.startswith("loader/")})
         log.write(run.step, metrics)
         bar.update(learner.policy_version - bar.n, metrics=metrics)
         evaluator.maybe(learner)
@@ -528,6 +532,7 @@ def summarize(run: Run, learner: Learner) -> dict:
         "rl_episodes": stats.get("episodes", 0),
         "rl_env_steps": stats.get("env_steps", 0),
         "rl_dropped_stale": stats.get("dropped_stale", 0),
+        "rl_dropped_too_long": stats.get("loader/dropped_too_long", 0),
         "bc_seconds": run.seconds["bc"],
         "eval_seconds": run.seconds["eval"],
         "rl_seconds": run.seconds["rl"],

@@ -151,6 +151,8 @@ def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
     rl = [r for r in records if r.get("phase") == 1.0]
     # asynchronous: a process whose stream went idle brings an empty batch
     assert len(rl) == 2 and all(r["batch/processes_with_rows"] in (1, 2) for r in rl)
+    # the loaders' counts, summed over the processes: at least what the batches held
+    assert rl[-1]["loader/trajectories_read"] >= sum(r["batch/trajectories"] for r in rl)
     with Checkpointer(shared / "checkpoints", create=False) as saved:
         meta = saved.metadata()
     for tag in ("start", "end"):
