@@ -38,8 +38,8 @@ from sao_jax.tokenizers.chat_template import IM_END
 from sao_jax.train import BehaviourCloner
 
 if TYPE_CHECKING:
-    from experiments.alfworld_run import Run
     from experiments.alfworld_sao import ExperimentConfig
+    from experiments.alfworld_setup import Run
 
 DEMOS, DAGGER = "demos", "dagger"
 EXPERT_MODEL_ID = "alfworld-expert-relabel"
