@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from atdp_io.rows import pack_batch
-from sao_jax.distributed.host_sync import allgather_numbers
+from sao_jax.distributed.host_sync import allgather_numbers, any_process
 from sao_jax.train.learner import Learner
 
 
@@ -112,16 +112,14 @@ class OnlineTrainer:
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
         """Training batches in the chosen schedule (forever; the caller stops)."""
         while True:
-            if not self.asynchronous:
-                start = time.perf_counter()
-                self.engine.generate(self.episodes_per_round)
-                self.timing["rollout_seconds"] += time.perf_counter() - start
+            self._play_round()
             emitted = False
             # A stream that runs dry has refreshed after this instant and passed (trained on or
             # dropped) everything committed before it; the iterator was reset when the last
             # round ended, so its read-ahead cannot predate it.
             round_began = time.monotonic()
-            for batch in self._until_idle():
+            source = self._source()
+            while (batch := self._next_or_none(source)) is not None:
                 emitted = True
                 yield batch
             if self.asynchronous:
@@ -132,37 +130,12 @@ class OnlineTrainer:
                 if not emitted:
                     self.engine.raise_if_failed()
 
-    def _retire(self, round_began: float) -> None:
-        """Tell the engine's admission that the stream passed what was committed before
-        `round_began` (sources without admission control need nothing)."""
-        mark_consumed = getattr(self.engine, "mark_consumed", None)
-        if mark_consumed is not None:
-            mark_consumed(round_began)
-
-    def _until_idle(self) -> Iterator[dict[str, np.ndarray]]:
-        source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(source)
-            except StopIteration:
-                self.timing["wait_seconds"] += time.perf_counter() - start
-                # An idle stream ends; its position is kept, so it resumes with new commits.
-                self.iterator.set_state(self.iterator.get_state())
-                return
-            self.timing["wait_seconds"] += time.perf_counter() - start
-            if (batch["traj_index"] >= 0).any():
-                yield batch
-
     def _agreed_batches(self) -> Iterator[dict[str, np.ndarray]]:
         """`batches()` of a multi-process job: every process yields the same number of batches
         (its own rows, or an empty batch when its stream went idle while another had rows)."""
         while True:
-            if not self.asynchronous:
-                start = time.perf_counter()
-                self.engine.generate(self.episodes_per_round)
-                self.timing["rollout_seconds"] += time.perf_counter() - start
-            source = self.engine.guard(self.iterator) if self.asynchronous else self.iterator
+            self._play_round()
+            source = self._source()
             round_began = time.monotonic()
             while True:
                 batch = self._next_or_none(source)
@@ -176,8 +149,27 @@ class OnlineTrainer:
             if self.asynchronous:
                 self.engine.raise_if_failed()
 
+    def _play_round(self) -> None:
+        """The synchronous schedule plays a round of episodes before each read; async: none."""
+        if not self.asynchronous:
+            start = time.perf_counter()
+            self.engine.generate(self.episodes_per_round)
+            self.timing["rollout_seconds"] += time.perf_counter() - start
+
+    def _source(self) -> Iterator[dict[str, np.ndarray]]:
+        """The loader stream; asynchronous: guarded, so a failed rollout worker surfaces."""
+        return self.engine.guard(self.iterator) if self.asynchronous else self.iterator
+
+    def _retire(self, round_began: float) -> None:
+        """Tell the engine's admission that the stream passed what was committed before
+        `round_began` (sources without admission control need nothing)."""
+        mark_consumed = getattr(self.engine, "mark_consumed", None)
+        if mark_consumed is not None:
+            mark_consumed(round_began)
+
     def _next_or_none(self, source: Iterator) -> dict[str, np.ndarray] | None:
-        """The stream's next batch with a trajectory, or None once it goes idle."""
+        """The stream's next batch with a trajectory, or None once it goes idle (the stream is
+        then revived at its position, so it resumes with new commits)."""
         start = time.perf_counter()
         try:
             while True:
@@ -185,7 +177,7 @@ class OnlineTrainer:
                 if (batch["traj_index"] >= 0).any():
                     return batch
         except StopIteration:
-            self.iterator.set_state(self.iterator.get_state())  # revive the idle stream
+            self.iterator.set_state(self.iterator.get_state())
             return None
         finally:
             self.timing["wait_seconds"] += time.perf_counter() - start
@@ -216,7 +208,7 @@ class OnlineTrainer:
                     metrics["batch/processes_with_rows"] = float(self.contributors)
                 stop = bool(on_iteration(metrics)) if on_iteration is not None else False
                 if self.collective:  # a stop asked by one process (its budget) stops every one
-                    stop = bool(allgather_numbers([float(stop)]).any())
+                    stop = any_process(stop)
                 if stop or self.learner.policy_version >= policy_steps:
                     return
         finally:
