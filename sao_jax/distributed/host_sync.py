@@ -10,8 +10,6 @@ call them in the same order. With one process they return at once, without touch
 from __future__ import annotations
 
 import json
-import zlib
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -36,19 +34,6 @@ def allgather_numbers(values: np.ndarray | list[float]) -> np.ndarray:
 def any_process(flag: bool) -> bool:
     """Whether `flag` is true on at least one process."""
     return bool(allgather_numbers([float(flag)]).max() > 0)
-
-
-def sum_over_processes(values: Mapping[str, float]) -> dict[str, float]:
-    """`{key: sum over processes}`; every process must pass the same keys."""
-    keys = sorted(values)
-    if jax.process_count() > 1:
-        # a differing key set would silently pair wrong numbers: compare a fingerprint first
-        fingerprint = float(zlib.crc32("\0".join(keys).encode()) % 2**20)
-        seen = allgather_numbers([fingerprint])[:, 0]
-        if not np.all(seen == seen[0]):
-            raise ValueError(f"sum_over_processes: processes passed different keys ({keys})")
-    totals = allgather_numbers([float(values[k]) for k in keys]).sum(axis=0)
-    return {k: float(v) for k, v in zip(keys, totals, strict=True)}
 
 
 def allgather_json(value: Any) -> list[Any]:

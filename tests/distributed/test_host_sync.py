@@ -11,7 +11,6 @@ from sao_jax.distributed.host_sync import (
     allgather_json,
     allgather_numbers,
     any_process,
-    sum_over_processes,
 )
 from sao_jax.distributed.local_launch import launch_local
 
@@ -33,16 +32,13 @@ def test_two_processes_see_each_others_values(tmp_path):
     for record in records:  # every process received the same, in process order
         assert record["numbers"] == [[0.5, 3 * 2**26], [1.5, 3 * 2**26 + 1]]
         assert record["any_only_last"] is True and record["any_none"] is False
-        assert record["sums"] == {"episodes": 3.0, "env_steps": 30.0}
         assert record["json"] == [
             {"process": 0, "text": "é", "list": []},
             {"process": 1, "text": "éé", "list": [0]},
         ]
-        assert "processes passed different keys" in record["mismatch"]
 
 
 def test_one_process_gets_its_own_values_back():
     np.testing.assert_array_equal(allgather_numbers([1.5, 2**30]), [[1.5, 2**30]])
     assert any_process(True) and not any_process(False)
-    assert sum_over_processes({"b": 2, "a": 1.5}) == {"a": 1.5, "b": 2.0}
     assert allgather_json({"x": [1, "y"]}) == [{"x": [1, "y"]}]
