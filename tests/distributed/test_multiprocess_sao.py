@@ -5,10 +5,8 @@ cross-process weight resharding are checked on the way."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 from flax import nnx
 from multiprocess_sao_setup import MODEL, write_episodes
 
+from sao_jax.distributed.local_launch import launch_local
 from sao_jax.metrics import read_metrics
 from sao_jax.models import init_model
 
@@ -26,68 +25,36 @@ TIMEOUT_S = 240
 # Fake devices are threads: on a loaded CI machine one may reach a collective long after its
 # peers, and XLA:CPU aborts the process after 40 s by default.
 XLA_FLAGS = (
-    "--xla_backend_optimization_level=0 --xla_cpu_collective_call_terminate_timeout_seconds=600 "
-    "--xla_force_host_platform_device_count="
+    "--xla_backend_optimization_level=0 --xla_cpu_collective_call_terminate_timeout_seconds=600"
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_together(jobs: dict[str, tuple[list[str], dict]], logs: Path) -> None:
-    """Start every job, wait for all; if one fails or time runs out, kill the rest (a peer
-    that died leaves the others waiting in a collective) and fail with their logs."""
-    running = {}
-    for name, (argv, env) in jobs.items():
-        with (logs / f"{name}.log").open("w") as log:
-            running[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while any(p.poll() is None for p in running.values()):
-            if any(p.poll() not in (None, 0) for p in running.values()):
-                break
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        for process in running.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    codes = {name: p.returncode for name, p in running.items()}
-    assert set(codes.values()) == {0}, "\n".join(
-        f"--- {name} exited {code}:\n{(logs / f'{name}.log').read_text()[-3000:]}"
-        for name, code in codes.items()
-    )
-
-
 def launch(store: Path, out: Path) -> None:
-    """Processes 0 and 1 of the job, and the single-process reference, all at once."""
+    """Processes 0 and 1 of the job (`local_launch`), and the single-process reference on 4
+    devices beside them."""
     base = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        XLA_FLAGS=XLA_FLAGS,
     )
-    for name in ("SAO_COORDINATOR_ADDRESS", "SAO_NUM_PROCESSES", "SAO_PROCESS_ID"):
-        base.pop(name, None)
     argv = [sys.executable, str(WORKER), str(store), str(out)]
-    job = dict(
-        base,
-        XLA_FLAGS=XLA_FLAGS + "2",
-        SAO_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
-        SAO_NUM_PROCESSES="2",
-    )
-    run_together(
-        {
-            "process0": (argv, dict(job, SAO_PROCESS_ID="0")),
-            "process1": (argv, dict(job, SAO_PROCESS_ID="1")),
-            "reference": ([*argv, "--reference"], dict(base, XLA_FLAGS=XLA_FLAGS + "4")),
-        },
-        out,
-    )
+    job_variables = ("SAO_COORDINATOR_ADDRESS", "SAO_NUM_PROCESSES", "SAO_PROCESS_ID")
+    reference_env = {k: v for k, v in base.items() if k not in job_variables}
+    reference_env["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_force_host_platform_device_count=4"
+    with (out / "reference.log").open("w") as log:
+        reference = subprocess.Popen(
+            [*argv, "--reference"], env=reference_env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        job = launch_local(argv, 2, devices_per_process=2, logs=out, timeout_s=TIMEOUT_S, env=base)
+        code = reference.wait(timeout=TIMEOUT_S) if job.ok else None
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    assert job.ok, job.describe()
+    assert code == 0, (out / "reference.log").read_text()[-3000:]
 
 
 @pytest.mark.slow
