@@ -16,7 +16,7 @@ from sao_jax.envs.alfworld import SPLITS
 from sao_jax.models import Transformer
 from sao_jax.rollout.agent_loop import AgentLoop, EnvConfig, RolloutConfig
 from sao_jax.rollout.sampler import Sampler
-from sao_jax.rollout.stats import RolloutStats
+from sao_jax.rollout.stats import RolloutStats, combine_snapshots
 from sao_jax.tokenizers import Tokenizer
 
 
@@ -62,34 +62,33 @@ class EvalResult:
                 "EvalResult.combine: results of different splits or policy versions: "
                 f"{sorted({(p.split, p.policy_version) for p in parts})}"
             )
-        episodes = sum(p.episodes for p in parts)
-        steps = sum(p.avg_steps * p.episodes for p in parts)
-
-        def mean(total: float, count: float) -> float:
-            return total / count if count else 0.0
-
-        by_type: dict[str, dict[str, float]] = {}
-        for part in parts:
-            for task_type, row in part.by_task_type.items():
-                merged = by_type.setdefault(task_type, {"episodes": 0, "won": 0})
-                merged["episodes"] += row["episodes"]
-                merged["won"] += row["won"]
-        for row in by_type.values():
-            row["success_rate"] = mean(row["won"], row["episodes"])
+        totals = combine_snapshots([part.counts() for part in parts])
         return cls(
             split=parts[0].split,
-            episodes=episodes,
-            success_rate=mean(sum(p.success_rate * p.episodes for p in parts), episodes),
-            by_task_type=by_type,
-            avg_steps=mean(steps, episodes),
-            invalid_reply_rate=mean(
-                sum(p.invalid_reply_rate * p.avg_steps * p.episodes for p in parts), steps
-            ),
-            avg_reward=mean(sum(p.avg_reward * p.episodes for p in parts), episodes),
-            truncated_context=sum(p.truncated_context for p in parts),
+            episodes=totals["episodes"],
+            success_rate=totals["success_rate"],
+            by_task_type=totals["by_task_type"],
+            avg_steps=totals["avg_steps"],
+            invalid_reply_rate=totals["invalid_reply_rate"],
+            avg_reward=totals["avg_reward"],
+            truncated_context=totals["truncated_context"],
             policy_version=parts[0].policy_version,
             wall_seconds=max(p.wall_seconds for p in parts),
         )
+
+    def counts(self) -> dict:
+        """The result as the `RolloutStats.snapshot()` counters it came from (what
+        `combine_snapshots` adds up)."""
+        steps = self.avg_steps * self.episodes
+        return {
+            "episodes": self.episodes,
+            "won": self.success_rate * self.episodes,
+            "env_steps": steps,
+            "invalid_replies": self.invalid_reply_rate * steps,
+            "avg_reward": self.avg_reward,
+            "truncated_context": self.truncated_context,
+            "by_task_type": self.by_task_type,
+        }
 
 
 def evaluate(
