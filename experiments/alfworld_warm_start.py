@@ -30,6 +30,7 @@ from atdp_io import (
     TrajectoryHeader,
 )
 from atdp_io.rows import TrainingView, training_view, trajectory_rows
+from sao_jax.distributed.host_sync import allgather_numbers
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.metrics import MetricsWriter, ProgressBar
 from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos, expert_reply
@@ -342,9 +343,9 @@ def dagger_round(
             "dagger/round": index + 1,
             "dagger/episodes": stats["episodes"],
             "dagger/success": stats["success_rate"],
-            "dagger/relabelled_turns": run.combined_stats(
-                {"relabelled_turns": sum(len(t.llm_events()) for t in relabelled)}
-            )["relabelled_turns"],
+            "dagger/relabelled_turns": int(  # over every process's relabelled episodes
+                allgather_numbers([sum(len(t.llm_events()) for t in relabelled)]).sum()
+            ),
         },
     )
     loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
