@@ -9,6 +9,19 @@ from sao_jax.envs.alfworld.expert import expert_action
 from sao_jax.envs.alfworld.game import Game
 from sao_jax.envs.alfworld.generator import SPLITS, check_game_args, make_game
 from sao_jax.envs.alfworld.rng import StableRng
+from sao_jax.envs.alfworld.search_expert import search_expert_action
+
+EXPERTS = ("search", "oracle")
+
+
+def check_expert(expert: str) -> str:
+    """Return `expert` or raise a ValueError that lists the expert kinds."""
+    if expert not in EXPERTS:
+        raise ValueError(
+            f'unknown expert {expert!r}; expected one of {EXPERTS} ("search": acts only on the '
+            'transcript, "oracle": the planner that reads the true world state)'
+        )
+    return expert
 
 
 class GameSampler:
@@ -52,6 +65,11 @@ class AlfworldEnv:
     also `admissible` (whether the command was); with `expert_in_info`, the expert's next
     command as `expert_action` (None once won); when the episode ends, `episode` =
     {won, steps, task_type, game_id}.
+
+    expert: which expert `expert_action()` asks: "search" (default; decides only from the
+      episode's transcript -- the opening and every (command, observation) pair, kept in
+      `transcript` -- like a policy that reads the texts) or "oracle" (the planner that reads
+      the true world state: upper bounds and tests, not a teacher for a text-only policy).
     """
 
     def __init__(
@@ -66,8 +84,10 @@ class AlfworldEnv:
         include_help: bool = False,
         expert_in_info: bool = False,
         sampler: GameSampler | None = None,
+        expert: str = "search",
     ):
         check_game_args(split, 0, size)
+        self.expert = check_expert(expert)
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
         if sampler is not None and sampler.split != split:
@@ -80,6 +100,8 @@ class AlfworldEnv:
         self.engine: AlfworldEngine | None = None
         self.steps = 0
         self.done = True
+        self.opening = ""
+        self.transcript: list[tuple[str, str]] = []  # (command, observation) per step
 
     @property
     def game(self) -> Game:
@@ -94,6 +116,7 @@ class AlfworldEnv:
             game = make_game(self.split, index, size=self.size)
         self.engine = AlfworldEngine(game, phrasing=self.phrasing, include_help=self.include_help)
         observation = self.engine.reset()
+        self.opening, self.transcript = observation, []
         self.steps, self.done = 0, False
         return observation, self._info()
 
@@ -103,6 +126,7 @@ class AlfworldEnv:
             raise RuntimeError("episode is over: call reset() first")
         admissible = self.engine.is_admissible(command)
         observation = self.engine.step(command)
+        self.transcript.append((command, observation))
         self.steps += 1
         won = self.engine.won
         self.done = won or self.steps >= self.max_steps
@@ -119,10 +143,14 @@ class AlfworldEnv:
         return observation, float(won), self.done, info
 
     def expert_action(self) -> str | None:
-        """The expert's next command from the current state."""
+        """The expert's next command from the current state (None once won)."""
         if self.engine is None:
             raise RuntimeError("no game yet: call reset() first")
-        return expert_action(self.engine)
+        if self.expert == "oracle":
+            return expert_action(self.engine)
+        return search_expert_action(
+            self.opening, self.transcript, phrasing=self.phrasing, won=self.engine.won
+        )
 
     def _info(self) -> dict:
         engine = self.engine
@@ -135,5 +163,5 @@ class AlfworldEnv:
             "steps": self.steps,
         }
         if self.expert_in_info:
-            info["expert_action"] = expert_action(engine)
+            info["expert_action"] = self.expert_action()
         return info
