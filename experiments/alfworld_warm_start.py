@@ -53,22 +53,32 @@ def relabel_with_expert(
     think: bool,
     max_new_tokens: int,
     tenant: str | None = None,
+    expert: str = "search",
 ) -> Trajectory | None:
     """The episode with every LLM call's output replaced by the expert's reply to its prompt.
 
     The game is rebuilt from `header.task` and stepped with the recorded commands, so each turn
     is relabelled in exactly the state the policy saw. Turns after the game is won (none) and
     expert replies longer than `max_new_tokens` end the relabelled episode. `tenant`: the
-    partition the result is written to (its governance names it). Returns None when no turn
-    could be relabelled.
+    partition the result is written to (its governance names it). `expert`: which expert
+    relabels ("search": from the transcript of the recorded commands, as the policy saw them;
+    "oracle": the planner), the same kind that made the demos; it is recorded as the calls'
+    `decoding.extra["policy"]` ("expert-search") and in their model id. Returns None when no
+    turn could be relabelled.
     """
     task = trajectory.header.task
     env = AlfworldEnv(
-        task["split"], size=task["size"], phrasing=task["phrasing"], max_steps=task["max_steps"]
+        task["split"],
+        size=task["size"],
+        phrasing=task["phrasing"],
+        max_steps=task["max_steps"],
+        expert=expert,
     )
     env.reset(task["index"])
     im_end = tokenizer.token_to_id(IM_END)
-    decoding = DecodingParams(temperature=0.0, extra={"logprobs": "absent", "policy": "expert"})
+    decoding = DecodingParams(
+        temperature=0.0, extra={"logprobs": "absent", "policy": f"expert-{expert}"}
+    )
     events: list[Event] = []
     for event in trajectory.events:
         if event.kind == EventKind.LLM_CALL:
@@ -79,7 +89,7 @@ def relabel_with_expert(
             if ids.shape[0] > max_new_tokens:
                 break
             call = LLMCall(
-                model_id=EXPERT_MODEL_ID,
+                model_id=f"{EXPERT_MODEL_ID}-{expert}",
                 policy_version=0,
                 input_ids=event.llm.input_ids,
                 output_ids=ids.astype(np.int32),
@@ -118,12 +128,18 @@ def relabel_all(
     think: bool,
     max_new_tokens: int,
     tenant: str | None = None,
+    expert: str = "search",
 ) -> list[Trajectory]:
     """`relabel_with_expert` over many episodes (those with nothing to relabel are skipped)."""
     out = []
     for trajectory in trajectories:
         relabelled = relabel_with_expert(
-            trajectory, tokenizer, think=think, max_new_tokens=max_new_tokens, tenant=tenant
+            trajectory,
+            tokenizer,
+            think=think,
+            max_new_tokens=max_new_tokens,
+            tenant=tenant,
+            expert=expert,
         )
         if relabelled is not None:
             out.append(relabelled)
@@ -334,6 +350,7 @@ def dagger_round(
         think=config.rollout.think,
         max_new_tokens=config.rollout.max_new_tokens,
         tenant=run.tenant(DEMOS),
+        expert=config.env.expert,  # the expert that made the demos
     )
     with run.store.writer(run.tenant(DEMOS)) as writer:
         writer.append(relabelled)

@@ -27,7 +27,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from atdp_io import DecodingParams
-from sao_jax.envs.alfworld import AlfworldEnv, BatchedAlfworldEnv, GameSampler, parse_reply
+from sao_jax.envs.alfworld import (
+    EXPERTS,
+    AlfworldEnv,
+    BatchedAlfworldEnv,
+    GameSampler,
+    parse_reply,
+)
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
 from sao_jax.rollout.run_ids import (
@@ -122,13 +128,23 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
-    """Which ALFWorld games are played and how (see `AlfworldEnv`)."""
+    """Which ALFWorld games are played and how (see `AlfworldEnv`).
+
+    expert: which expert demos and DAgger relabelling ask (`env.expert_action()`): "search"
+      (acts only on the episode's texts, so a text-only policy can imitate it) or "oracle"
+      (the planner that reads the true world state; upper bounds and tests).
+    """
 
     split: str = "train"
     size: str = "small"
     phrasing: str = "0.4.2"
     max_steps: int = 50
     seed: int = 0
+    expert: str = "search"
+
+    def __post_init__(self):
+        if self.expert not in EXPERTS:
+            raise ValueError(f"EnvConfig.expert must be one of {EXPERTS}, got {self.expert!r}")
 
     def make_envs(
         self, num_envs: int, *, indices: Sequence[int] | None = None
@@ -144,6 +160,7 @@ class EnvConfig:
                 phrasing=self.phrasing,
                 max_steps=self.max_steps,
                 sampler=sampler,
+                expert=self.expert,
             )
             for _ in range(num_envs)
         ]

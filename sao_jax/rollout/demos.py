@@ -25,7 +25,17 @@ from sao_jax.rollout.run_ids import check_run_id, demo_episode_id, new_run_id
 from sao_jax.rollout.stats import RolloutStats
 from sao_jax.tokenizers import Tokenizer
 
-EXPERT_MODEL_ID = "alfworld-expert"
+EXPERT_MODEL_IDS = {"search": "alfworld-expert-search", "oracle": "alfworld-expert-oracle"}
+
+
+def expert_model_id(expert: str) -> str:
+    """The `model_id` demos of that expert kind carry ("alfworld-expert-search" / "-oracle")."""
+    if expert not in EXPERT_MODEL_IDS:
+        raise ValueError(f"unknown expert {expert!r}; expected one of {tuple(EXPERT_MODEL_IDS)}")
+    return EXPERT_MODEL_IDS[expert]
+
+
+EXPERT_MODEL_ID = expert_model_id("search")  # the default expert's
 
 
 def expert_reply(command: str, *, think: bool) -> str:
@@ -46,6 +56,9 @@ def collect_expert_demos(
     """Play `num_episodes` games of `env` with the expert and write them through `writer`.
 
     rollout: layout, history, think, rewards and context cap (as for rollouts).
+    env: games, and which expert plays them (`EnvConfig.expert`, default "search"); the demos
+      record it as `model_id` (`expert_model_id`) and `decoding.extra["policy"]` ("expert-search"
+      / "expert-oracle").
     run_id: prefix of the demos' episode ids (None: a random one); a run_id the ATDP writer
       would redact is a `ValueError` before any game is played.
     Returns `RolloutStats` counters of the demos (episodes, won, env_steps, ...).
@@ -62,7 +75,9 @@ def collect_expert_demos(
         tokenizer, rollout.layout, history_length=rollout.history_length, think=rollout.think
     )
     im_end = builder.im_end_id
-    decoding = DecodingParams(temperature=0.0, extra={"logprobs": "absent", "policy": "expert"})
+    decoding = DecodingParams(
+        temperature=0.0, extra={"logprobs": "absent", "policy": f"expert-{env.expert}"}
+    )
     (game_env,) = env.make_envs(1)
     stats, pending = RolloutStats(), []
     for e in range(num_episodes):
@@ -166,7 +181,7 @@ def _play_expert(
         turns=tuple(turns),
         won=truncated_by is None,
         truncated_by=truncated_by,
-        model_id=EXPERT_MODEL_ID,
+        model_id=expert_model_id(env.expert),
         template_fingerprint=builder.fingerprint,
         decoding=decoding,
         worker_id=0,

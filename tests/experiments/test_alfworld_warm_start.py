@@ -54,6 +54,21 @@ def test_the_expert_relabels_its_own_demonstration_identically(demos):
         assert all(np.array_equal(a, b) for a, b in zip(prompts, originals, strict=True))
         # relabelled turns carry no reward (they are cloning targets, not RL samples)
         assert all(not e.rewards for e in relabelled.events)
+        for _, event in relabelled.llm_events():  # which expert relabelled: the demos' own
+            assert event.llm.decoding.extra["policy"] == "expert-search"
+            assert event.llm.model_id == "alfworld-expert-relabel-search"
+
+
+def test_the_relabelling_expert_is_chosen_and_recorded(demos):
+    demo = demos[0]
+    relabelled = relabel_with_expert(
+        demo, tokenizer(), think=False, max_new_tokens=12, expert="oracle"
+    )
+    for _, event in relabelled.llm_events():
+        assert event.llm.decoding.extra["policy"] == "expert-oracle"
+        assert event.llm.model_id == "alfworld-expert-relabel-oracle"
+    with pytest.raises(ValueError, match="unknown expert 'planner'"):
+        relabel_all(demos, tokenizer(), think=False, max_new_tokens=12, expert="planner")
 
 
 def test_relabels_follow_the_recorded_commands_not_the_expert(demos):
