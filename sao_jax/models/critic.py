@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.models.config import ModelConfig
+from sao_jax.models.logprobs import take_positions
 from sao_jax.models.moe import MoeAux
 from sao_jax.models.transformer import Backbone, Transformer
 
@@ -56,11 +57,19 @@ class Critic(Backbone):
         *,
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        at: jax.Array | None = None,
     ) -> tuple[jax.Array, MoeAux]:
-        """tokens [B, T] -> (values [B, T] float32, MoE aux of the critic's own routers)."""
+        """tokens [B, T] -> (values [B, T] float32, MoE aux of the critic's own routers).
+
+        `at` [B, K] int: the value head runs at those columns only and values are [B, K].
+        """
         out = self.forward(tokens, positions=positions, segment_ids=segment_ids)
-        values = self.value_head(out.hidden)[..., 0].astype(jnp.float32)
-        return values, out.aux
+        hidden = out.hidden if at is None else take_positions(out.hidden, at)
+        return self.value_from_hidden(hidden), out.aux
+
+    def value_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """The value head: final hidden states [..., D] -> float32 values [...]."""
+        return self.value_head(hidden)[..., 0].astype(jnp.float32)
 
     def values(
         self,

@@ -4,6 +4,10 @@ Large vocabularies (Qwen3: 151,936) make the full logits tensor the biggest acti
 training step. Here the sequence is cut into chunks; each chunk's logits live only inside a
 rematerialised scan step, so both the forward and the backward pass hold one [B, chunk, V]
 block at a time.
+
+An objective that needs log-probs at a few positions only (an RL loss reads the action tokens,
+a few percent of a batch) gathers those positions first (`take_positions`), runs the head on
+them and puts the results back in place (`scatter_positions`).
 """
 
 from __future__ import annotations
@@ -74,3 +78,31 @@ def token_logprobs_from_logits(
     logp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
     return logp, entropy
+
+
+def take_positions(x: jax.Array, index: jax.Array) -> jax.Array:
+    """Row-wise gather: x [B, T, ...], index [B, K] int -> [B, K, ...], out[b, k] = x[b, index[b, k]].
+
+    Rows stay rows, so a batch sharded over B gathers without any communication; the gradient
+    is the matching scatter-add.
+    """
+    if index.ndim != 2 or index.shape[0] != x.shape[0]:
+        raise ValueError(f"index must be [B={x.shape[0]}, K], got {index.shape}")
+    return jax.vmap(lambda row, i: row[i])(x, index)
+
+
+def scatter_positions(
+    values: jax.Array, index: jax.Array, valid: jax.Array, length: int
+) -> jax.Array:
+    """The inverse of `take_positions` for distinct valid columns: values [B, K] -> [B, length].
+
+    out[b, index[b, k]] = values[b, k] where valid[b, k]; every other entry is 0 (invalid
+    entries, wherever their index points, add exactly 0 and get a zero gradient).
+    """
+    if not values.shape == index.shape == valid.shape:
+        raise ValueError(
+            f"values, index and valid must share [B, K]: {values.shape}, {index.shape}, "
+            f"{valid.shape}"
+        )
+    kept = jnp.where(valid, values, jnp.zeros((), values.dtype))
+    return jax.vmap(lambda v, i: jnp.zeros((length,), v.dtype).at[i].add(v))(kept, index)

@@ -25,7 +25,7 @@ from sao_jax.models.layers import (
     attention_context,
     dense,
 )
-from sao_jax.models.logprobs import chunked_token_logprobs
+from sao_jax.models.logprobs import chunked_token_logprobs, take_positions
 from sao_jax.models.moe import MoeAux, MoeBlock, MoeStats
 from sao_jax.models.moe_dispatch import get_dispatch
 from sao_jax.sharding import LogicalRules, init_sharded, one_off_compiler_options, shard
@@ -164,8 +164,15 @@ class Transformer(Backbone):
         *,
         chunk_size: int = 256,
         temperature: float = 1.0,
+        at: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array]:
-        """Log-probs of `targets` [B, T] and entropies from hidden [B, T, D], chunked over T."""
+        """Log-probs of `targets` [B, T] and entropies from hidden [B, T, D], chunked over T.
+
+        `at` [B, K] int: the head runs at those columns only (hidden and targets gathered
+        there) and the results are [B, K]; None: at every column, [B, T].
+        """
+        if at is not None:
+            hidden, targets = take_positions(hidden, at), take_positions(targets, at)
         return chunked_token_logprobs(
             hidden, self.unembedding(), targets, chunk_size=chunk_size, temperature=temperature
         )

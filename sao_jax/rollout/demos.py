@@ -72,7 +72,11 @@ def collect_expert_demos(
         ids = (demo_episode_id(run_id, 0), demo_episode_id(run_id, num_episodes - 1))
         check_run_id(run_id, ids, owner="collect_expert_demos")
     builder = PromptBuilder(
-        tokenizer, rollout.layout, history_length=rollout.history_length, think=rollout.think
+        tokenizer,
+        rollout.layout,
+        history_length=rollout.history_length,
+        think=rollout.think,
+        memory_line=rollout.memory_line,
     )
     im_end = builder.im_end_id
     decoding = DecodingParams(

@@ -30,6 +30,9 @@ class OptimizerConfig:
       eps: Adam epsilon.
       weight_decay: decoupled weight decay (AdamW).
       max_grad_norm: clip the global gradient norm to this (<= 0: no clipping).
+      decay_steps: optimizer steps after the warm-up over which the rate follows a cosine from
+        the peak down to `final_fraction` of it, then stays there (0: constant after warm-up).
+      final_fraction: the rate at the end of the decay, as a fraction of the peak.
     """
 
     learning_rate: float = 1e-4
@@ -39,12 +42,19 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    decay_steps: int = 0
+    final_fraction: float = 0.1
 
     def __post_init__(self):
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError(
+                f"warmup_steps and decay_steps must be >= 0, got {self.warmup_steps}, "
+                f"{self.decay_steps}"
+            )
+        if not 0 <= self.final_fraction <= 1:
+            raise ValueError(f"final_fraction must be in [0, 1], got {self.final_fraction}")
         for name in ("b1", "b2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -84,6 +94,12 @@ class LearnerConfig:
       reset_optimizer_on_sync: re-initialise the policy optimizer state whenever weights are
         published to the rollout workers.
       logprob_chunk_size: sequence chunk of the log-prob computation (memory of [B, chunk, V]).
+      head_positions: where the RL steps run the LM head and the value head: "actions" (only
+        at the action tokens, the only positions the losses read; same results) or "all"
+        (every position, the reference path).
+      max_action_tokens_per_row: with head_positions="actions", the static per-row capacity K
+        of gathered action tokens (a batch with a fuller row is refused); None: K follows each
+        batch (its fullest row, bucketed; a few compiled shapes).
       opd_lambda: weight of SEED's on-policy distillation term (algorithms with `opd`).
       opd_beta: gate sharpness of the gated OPD form.
       opd_mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
@@ -117,6 +133,8 @@ class LearnerConfig:
     router_z_loss_weight: float = 1e-3
     reset_optimizer_on_sync: bool = False
     logprob_chunk_size: int = 256
+    head_positions: str = "actions"
+    max_action_tokens_per_row: int | None = None
     opd_lambda: float = 0.01
     opd_beta: float = 5.0
     opd_mode: str = "gated"
@@ -127,6 +145,16 @@ class LearnerConfig:
         for name in ("critic_steps", "ppo_epochs", "group_size", "logprob_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_positions not in ("actions", "all"):
+            raise ValueError(
+                f"LearnerConfig.head_positions must be 'actions' or 'all', got "
+                f"{self.head_positions!r}"
+            )
+        if self.max_action_tokens_per_row is not None and self.max_action_tokens_per_row < 1:
+            raise ValueError(
+                "LearnerConfig.max_action_tokens_per_row must be >= 1 or None, got "
+                f"{self.max_action_tokens_per_row}"
+            )
         if self.critic_warmup_steps < 0:
             raise ValueError(
                 f"LearnerConfig.critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}"

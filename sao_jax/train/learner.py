@@ -28,6 +28,7 @@ from flax import nnx
 from sao_jax.models import Critic, Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import advantages as adv_lib
+from sao_jax.train import objectives
 from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
 from sao_jax.train.learner_steps import ModelShardings, StepSpec, learner_steps, trace_key
@@ -157,7 +158,7 @@ class Learner:
                 "the action tokens re-scored with a skill in context (sao_jax.seed.SeedLearner)"
             )
         device_batch = self._device_batch(batch)
-        fns = self._functions(device_batch)
+        fns = self._functions(device_batch, self._action_capacity(batch))
         staleness = _staleness(batch, self.counters.policy_version)
         critic_args = (
             (self.critic_params, self._critic_frozen) if self.algorithm.uses_critic else ()
@@ -211,12 +212,15 @@ class Learner:
 
     def advantages(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """What an iteration would train on, without training: `advantages` and
-        `behaviour_logp` [R, T] (plus `values`, `returns` for GAE algorithms), as numpy."""
+        `behaviour_logp` [R, T] (plus `values`, `returns` for GAE algorithms), as numpy.
+
+        With `config.head_positions="actions"` (the default) the heads run at the action tokens
+        only: `values` and a PPO learner's own `behaviour_logp` are 0 off them."""
         device_batch = self._device_batch(batch)
         critic_args = (
             (self.critic_params, self._critic_frozen) if self.algorithm.uses_critic else ()
         )
-        prepared = self._functions(device_batch)["prepare"](
+        prepared = self._functions(device_batch, self._action_capacity(batch))["prepare"](
             self.policy_params, self._policy_frozen, *critic_args, device_batch
         )
         prepared.pop("stats")
@@ -225,7 +229,7 @@ class Learner:
     def policy_logprobs(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """[R, T] log pi(token t | tokens < t) of the current policy (0 in column 0)."""
         device_batch = self._device_batch(batch)
-        logp = self._functions(device_batch)["logprobs"](
+        logp = self._functions(device_batch, None)["logprobs"](
             self.policy_params, self._policy_frozen, device_batch
         )
         return np.asarray(jax.device_get(logp))
@@ -247,7 +251,30 @@ class Learner:
 
     # -- jitted functions -----------------------------------------------------------------------
 
-    def _functions(self, batch: Mapping[str, jax.Array]) -> dict[str, Any]:
+    def _action_capacity(self, batch: Mapping[str, np.ndarray]) -> int | None:
+        """The steps' static per-row action-token capacity K for `batch` (None: heads at every
+        position). The same on every process: K is a compiled shape."""
+        if self.config.head_positions == "all":
+            return None
+        most = objectives.most_action_tokens_per_row(batch["loss_mask"])
+        if jax.process_count() > 1:
+            from sao_jax.distributed.host_sync import allgather_numbers
+
+            most = int(allgather_numbers([most]).max())
+        fixed = self.config.max_action_tokens_per_row
+        if fixed is None:
+            return objectives.bucket_capacity(most, np.shape(batch["loss_mask"])[1])
+        if most > fixed:
+            raise ValueError(
+                f"Learner: a batch row holds {most} action tokens, more than "
+                f"LearnerConfig.max_action_tokens_per_row={fixed}; raise it or set it to None "
+                "(capacity from each batch)"
+            )
+        return fixed
+
+    def _functions(
+        self, batch: Mapping[str, jax.Array], action_capacity: int | None
+    ) -> dict[str, Any]:
         critic = self.algorithm.uses_critic
         spec = StepSpec(
             config_key=trace_key(self.config),
@@ -256,6 +283,7 @@ class Learner:
             shapes=tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())),
             mesh=self.placement.mesh,
             rules=self.placement.rules,
+            action_capacity=action_capacity,
             config=self.config,
             shardings=ModelShardings(
                 self._policy_param_sh,

@@ -5,7 +5,11 @@
   behaviour log-probs (and values, returns) plus batch statistics;
 - `policy(params, frozen, opt_state, batch, advantages, behaviour_logp)` -> guarded update;
 - `critic(params, frozen, opt_state, batch, returns, old_values)` -> guarded update;
-- `logprobs(params, frozen, batch)` -> [R, T].
+- `logprobs(params, frozen, batch)` -> [R, T] (at every position).
+
+With `spec.action_capacity` K the steps run the LM head and the value head at the action tokens
+only (at most K per row; `objectives.ActionPositions`): `behaviour_logp` and `values` are then 0
+off the action tokens, like `advantages` and `returns`.
 
 Functions are cached on a `StepSpec` holding everything they trace, so several learners of one
 configuration (seeds of a comparison, a resumed run, tests) share compiled executables. The
@@ -68,6 +72,7 @@ class StepSpec:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
     mesh: jax.sharding.Mesh | None
     rules: LogicalRules | None
+    action_capacity: int | None
     config: LearnerConfig = dataclasses.field(compare=False, hash=False)
     shardings: ModelShardings = dataclasses.field(compare=False, hash=False)
 
@@ -103,6 +108,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
     policy_graphdef, critic_graphdef = spec.policy_graphdef, spec.critic_graphdef
     policy_optimizer = make_optimizer(config.policy_optimizer)
     policy_loss = policy_loss_fn(config)
+    capacity = spec.action_capacity
     aux_weights = {
         "load_balance_weight": config.load_balance_loss_weight,
         "z_weight": config.router_z_loss_weight,
@@ -123,14 +129,14 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         if algorithm.behaviour == "old_policy":
             policy = nnx.merge(policy_graphdef, policy_params, policy_frozen)
             logp, _, _ = objectives.policy_logprobs(
-                policy, batch, chunk_size=config.logprob_chunk_size
+                policy, batch, chunk_size=config.logprob_chunk_size, action_capacity=capacity
             )
             out["behaviour_logp"] = jax.lax.stop_gradient(logp)
         stats = batch_stats(batch, mask)
         valid = batch["traj_index"] >= 0
         if algorithm.advantage == "gae":
             critic = nnx.merge(critic_graphdef, *critic_state)
-            values, _ = objectives.critic_values(critic, batch)
+            values, _ = objectives.critic_values(critic, batch, action_capacity=capacity)
             values = jnp.where(mask > 0, values, 0.0)
             link = dict(
                 rewards=batch["rewards"],
@@ -181,6 +187,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 entropy_coef=config.entropy_coef,
                 chunk_size=config.logprob_chunk_size,
                 opd=opd,
+                action_capacity=capacity,
                 **aux_weights,
             )
 
@@ -217,6 +224,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                     returns,
                     old_values,
                     value_clip=config.value_clip,
+                    action_capacity=capacity,
                     **aux_weights,
                 )
 

@@ -4,6 +4,15 @@ Token alignment: a batch row holds tokens [T] and `loss_mask` marks the tokens t
 generated. Position t - 1 predicts token t, so log-probs, entropies and values are shifted one
 step right: `logp[:, t]` is log pi(token t | tokens < t) and `values[:, t]` is the critic's value
 of that same state (the prefix before token t). Column 0 predicts nothing and is never an action.
+
+Heads at the action tokens only: an RL batch's action tokens are a few percent of its
+positions, and the losses read nothing else, so with `action_capacity=K` the LM head (and the
+critic's value head) runs on a static [R, K] set of gathered positions (`ActionPositions`: row r's
+action columns in order, padded to K) and the results are scattered back to [R, T], 0 off the
+action tokens. On the action tokens the values are those of the full path. A row holding more than
+K action tokens makes the results NaN (never a silently dropped token); the learner picks K from
+each batch (`action_capacity_for`), so that cannot happen there. `action_capacity=None` runs the
+heads everywhere (the reference path; behaviour cloning's context NLL needs it).
 """
 
 from __future__ import annotations
@@ -13,9 +22,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import struct
 
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
 from sao_jax.models import Critic, MoeAux, Transformer
+from sao_jax.models.logprobs import scatter_positions
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -31,24 +43,110 @@ def action_mask(batch: Batch) -> jax.Array:
     return batch["loss_mask"].astype(jnp.float32).at[:, 0].set(0.0)
 
 
+@struct.dataclass
+class ActionPositions:
+    """A batch's action columns in a static [R, K] layout.
+
+    index: [R, K] int32, row r's action columns in increasing order, then 0 (padding);
+    valid: [R, K] bool, True on the real entries; overflow: scalar bool, some row holds more
+    than K action tokens (its later ones are missing from `index`).
+    """
+
+    index: jax.Array
+    valid: jax.Array
+    overflow: jax.Array
+
+    @property
+    def predictors(self) -> jax.Array:
+        """[R, K] the columns whose hidden states predict the action tokens (index - 1)."""
+        return jnp.maximum(self.index - 1, 0)
+
+    def to_rows(self, x: jax.Array, length: int) -> jax.Array:
+        """[R, K] results at the action tokens -> [R, length], 0 elsewhere; all NaN on overflow."""
+        rows = scatter_positions(x, self.index, self.valid, length)
+        return jnp.where(self.overflow, jnp.nan, rows)
+
+
+def action_positions(mask: jax.Array, capacity: int) -> ActionPositions:
+    """`ActionPositions` of the nonzero entries of an [R, T] mask, K = min(capacity, T) per row."""
+    if capacity < 1:
+        raise ValueError(f"action capacity must be >= 1, got {capacity}")
+    active = mask != 0
+    k = min(capacity, mask.shape[1])
+    counts = jnp.sum(active, axis=-1)
+    # a stable sort of "not an action" puts a row's action columns first, in order
+    order = jnp.argsort(~active, axis=-1, stable=True)[:, :k]
+    valid = jnp.arange(k)[None, :] < counts[:, None]
+    index = jnp.where(valid, order, 0).astype(jnp.int32)
+    return ActionPositions(index=index, valid=valid, overflow=jnp.any(counts > k))
+
+
+def action_capacity_for(loss_mask: np.ndarray, *, minimum: int = 8) -> int:
+    """Host side: a per-row capacity K that holds every row of the batch, bucketed.
+
+    K is the most action tokens in a row (column 0 excluded, as in `action_mask`) rounded up
+    to a multiple of max(minimum, P / 8), P the power of two at or above it, and at most T:
+    batches of similar rows share one compiled shape, and above `minimum` at most a fifth of
+    the K head positions of the fullest row are padding.
+    """
+    most = most_action_tokens_per_row(loss_mask)
+    return bucket_capacity(most, np.shape(loss_mask)[1], minimum=minimum)
+
+
+def most_action_tokens_per_row(loss_mask: np.ndarray) -> int:
+    """Host side: the largest number of action tokens in one row (column 0 excluded)."""
+    mask = np.asarray(loss_mask) != 0
+    return int(mask[:, 1:].sum(axis=-1).max(initial=0))
+
+
+def bucket_capacity(count: int, length: int, *, minimum: int = 8) -> int:
+    """`count` rounded up to its bucket (see `action_capacity_for`), within [1, length]."""
+    step = max(minimum, (1 << max(count - 1, 0).bit_length()) // 8)
+    return max(1, min(length, -(-max(count, 1) // step) * step))
+
+
 def policy_logprobs(
-    policy: Transformer, batch: Batch, *, chunk_size: int = 256
+    policy: Transformer,
+    batch: Batch,
+    *,
+    chunk_size: int = 256,
+    action_capacity: int | None = None,
 ) -> tuple[jax.Array, jax.Array, MoeAux]:
-    """(logp [R, T], entropy [R, T], MoE aux): log pi(token t | tokens < t) at temperature 1."""
+    """(logp [R, T], entropy [R, T], MoE aux): log pi(token t | tokens < t) at temperature 1.
+
+    `action_capacity` K: the LM head runs on the action tokens only (at most K per row, see the
+    module docstring) and logp / entropy are 0 off them; None: at every position.
+    """
     out = policy.forward(
         batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
     )
     targets = jnp.roll(batch["tokens"], -1, axis=1)
-    logp, entropy = policy.token_logprobs(out.hidden, targets, chunk_size=chunk_size)
-    return _shift_right(logp), _shift_right(entropy), out.aux
-
-
-def critic_values(critic: Critic, batch: Batch) -> tuple[jax.Array, MoeAux]:
-    """(values [R, T], MoE aux): V of the state before each token (its prefix)."""
-    values, aux = critic.values_and_aux(
-        batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
+    if action_capacity is None:
+        logp, entropy = policy.token_logprobs(out.hidden, targets, chunk_size=chunk_size)
+        return _shift_right(logp), _shift_right(entropy), out.aux
+    at = action_positions(action_mask(batch), action_capacity)
+    logp, entropy = policy.token_logprobs(
+        out.hidden, targets, chunk_size=chunk_size, at=at.predictors
     )
-    return _shift_right(values), aux
+    length = batch["tokens"].shape[1]
+    return at.to_rows(logp, length), at.to_rows(entropy, length), out.aux
+
+
+def critic_values(
+    critic: Critic, batch: Batch, *, action_capacity: int | None = None
+) -> tuple[jax.Array, MoeAux]:
+    """(values [R, T], MoE aux): V of the state before each token (its prefix).
+
+    `action_capacity` K: the value head runs on the action tokens only and values are 0 off
+    them (action-only GAE and the value loss read nothing else); None: at every position.
+    """
+    inputs = dict(positions=batch["positions"], segment_ids=batch["segment_ids"])
+    if action_capacity is None:
+        values, aux = critic.values_and_aux(batch["tokens"], **inputs)
+        return _shift_right(values), aux
+    at = action_positions(action_mask(batch), action_capacity)
+    values, aux = critic.values_and_aux(batch["tokens"], **inputs, at=at.predictors)
+    return at.to_rows(values, batch["tokens"].shape[1]), aux
 
 
 def aux_loss(aux: MoeAux, load_balance_weight: float, z_weight: float) -> jax.Array:
@@ -68,6 +166,7 @@ def policy_gradient_loss(
     z_weight: float,
     chunk_size: int,
     opd: Mapping[str, Any] | None = None,
+    action_capacity: int | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """The policy objective: `policy_loss(logp, behaviour_logp, A, mask)` + aux - entropy bonus.
 
@@ -76,13 +175,17 @@ def policy_gradient_loss(
       policy_loss: a `sao_jax.losses.get_policy_loss(...)` function.
       opd: SEED: `{"lambda": w, "beta": b, "mode": m, "clip": c}` adds
         `w * seed_opd_loss(logp, batch["skill_logp"], mask, ...)` (None: no such term).
+      action_capacity: K: the LM head runs on at most K action tokens per row (see
+        `policy_logprobs`); None: at every position. The loss and gradients are the same.
     Returns:
       (loss, metrics) with the objective's metrics plus `entropy`, `load_balance_loss`,
       `router_z_loss`, `expert_dropped_fraction`, `policy_objective` (before aux terms), and
       with `opd`: `opd_loss`, `opd_delta_mean`, `opd_gate_mean` (or `opd_clip_frac`).
     """
     mask = action_mask(batch)
-    logp, entropy, aux = policy_logprobs(policy, batch, chunk_size=chunk_size)
+    logp, entropy, aux = policy_logprobs(
+        policy, batch, chunk_size=chunk_size, action_capacity=action_capacity
+    )
     objective, metrics = policy_loss(logp, behaviour_logp, advantages, mask)
     mean_entropy = masked_token_mean(entropy, mask)
     loss = objective + aux_loss(aux, load_balance_weight, z_weight) - entropy_coef * mean_entropy
@@ -113,11 +216,12 @@ def value_loss(
     value_clip: float | None,
     load_balance_weight: float,
     z_weight: float,
+    action_capacity: int | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """`sao_value_loss` of the critic on [R, T] `returns` (optionally clipped around
-    `old_values`) plus the critic's own MoE aux loss."""
+    `old_values`) plus the critic's own MoE aux loss (`action_capacity`: see `critic_values`)."""
     mask = action_mask(batch)
-    values, aux = critic_values(critic, batch)
+    values, aux = critic_values(critic, batch, action_capacity=action_capacity)
     loss, metrics = sao_value_loss(
         values,
         returns,

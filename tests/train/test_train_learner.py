@@ -178,9 +178,14 @@ def test_ppo_takes_its_ratio_against_the_learners_own_old_logprobs(batch):
     garbage = dict(
         batch, rollout_logp=np.where(batch["loss_mask"] > 0, -9.0, 0.0).astype(np.float32)
     )
+    # the old log-probs are the policy's on the action tokens (the head runs nowhere else)
+    actions = batch["loss_mask"] > 0
+    actions[:, 0] = False
+    behaviour = learner.advantages(garbage)["behaviour_logp"]
     np.testing.assert_allclose(
-        learner.advantages(garbage)["behaviour_logp"], learner.policy_logprobs(batch), atol=1e-6
+        behaviour[actions], learner.policy_logprobs(batch)[actions], atol=1e-6
     )
+    assert (behaviour[~actions] == 0).all()
     metrics = learner.iteration(garbage)
     assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["policy/clip_frac"] == 0.0 and learner.policy_version == 1
