@@ -57,6 +57,9 @@ class RolloutConfig:
     layout: "windowed" (each turn a fresh prompt with the last `history_length` steps) or
       "concat" (one growing token stream per episode).
     think: ask for `<think>` reasoning before `<action>` (off for small models).
+    memory_line: (windowed) add a line under the task listing the receptacles looked into so
+      far with the task's objects seen in them, from the episode's texts (off: the papers'
+      prompt; see benchmarks/alfworld_experts.py for what it changes).
     win_reward, invalid_reply_penalty: reward on the winning step; added on a malformed reply.
     inadmissible_penalty: added when a well-formed reply's command is not one of the admissible
       commands the prompt lists ("Nothing happens."); 0 keeps the papers' reward (win and
@@ -78,6 +81,7 @@ class RolloutConfig:
     layout: str = "windowed"
     history_length: int = 2
     think: bool = False
+    memory_line: bool = False
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
     inadmissible_penalty: float = 0.0
@@ -107,6 +111,8 @@ class RolloutConfig:
             raise ValueError(
                 f"RolloutConfig.history_length must be >= 0, got {self.history_length}"
             )
+        if self.memory_line and self.layout != "windowed":
+            raise ValueError("RolloutConfig.memory_line needs layout='windowed'")
         if self.max_new_tokens >= self.max_context_tokens:
             raise ValueError(
                 f"RolloutConfig.max_new_tokens ({self.max_new_tokens}) must be below "
@@ -236,7 +242,11 @@ class AgentLoop:
             check_run_id(run_id, (shortest, longest), owner="AgentLoop")
         self.run_id = run_id
         self.prompts = PromptBuilder(
-            tokenizer, config.layout, history_length=config.history_length, think=config.think
+            tokenizer,
+            config.layout,
+            history_length=config.history_length,
+            think=config.think,
+            memory_line=config.memory_line,
         )
         self.stop_ids = tuple(tokenizer.stop_ids)
         stop_names = tuple(tokenizer.decode([i]) for i in self.stop_ids)

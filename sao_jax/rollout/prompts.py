@@ -14,6 +14,7 @@ in the harness's own wording; the task and the history are already in the contex
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 
 from sao_jax.envs.alfworld.harness import (
@@ -23,6 +24,7 @@ from sao_jax.envs.alfworld.harness import (
     observation_text,
     render_prompt,
 )
+from sao_jax.envs.alfworld.search_expert import memory_line as episode_memory
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.tokenizers.chat_template import CHATML_JINJA_TEMPLATE, IM_END, IM_START
 
@@ -52,22 +54,40 @@ class PromptBuilder:
       layout: "windowed" or "concat".
       history_length: h, past (observation, action) pairs a windowed prompt shows.
       think: ask for `<think>` reasoning before the action.
+      memory_line: (windowed only) add the line of what the episode has seen beyond the window
+        (`search_expert.memory_line`, from the history alone) under the task.
     """
 
-    def __init__(self, tokenizer: Tokenizer, layout: str, *, history_length: int, think: bool):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        layout: str,
+        *,
+        history_length: int,
+        think: bool,
+        memory_line: bool = False,
+    ):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if memory_line and layout != "windowed":
+            raise ValueError("memory_line needs the windowed layout (concat shows everything)")
         im_end = tokenizer.token_to_id(IM_END)
         if im_end is None or tokenizer.token_to_id(IM_START) is None:
             raise ValueError("the tokenizer has no single <|im_start|> / <|im_end|> tokens")
         self.tokenizer, self.layout = tokenizer, layout
         self.history_length, self.think = history_length, think
+        self.memory_line = memory_line
         self.im_end_id = im_end
-        self.fingerprint = template_fingerprint(layout, history_length, think)
+        self.fingerprint = template_fingerprint(
+            layout, history_length, think, memory_line=memory_line
+        )
 
     def first(self, task: str, observation: str, admissible: Sequence[str]) -> list[int]:
         """Turn 0's input ids (both layouts): the harness prompt as one user turn."""
-        return self._chat(render_prompt(task, observation, admissible, think=self.think))
+        memory = episode_memory(observation, [], task=task) if self.memory_line else None
+        return self._chat(
+            render_prompt(task, observation, admissible, think=self.think, memory=memory)
+        )
 
     def next(
         self,
@@ -82,6 +102,15 @@ class PromptBuilder:
         """The input ids of the turn after `history[-1]` (history: every (observation, command)
         pair so far, oldest first)."""
         if self.layout == "windowed":
+            memory = None
+            if self.memory_line:
+                # the transcript: the opening, then each command with the observation it got
+                steps = [
+                    (command, next_observation)
+                    for (_, command), (next_observation, _) in itertools.pairwise(history)
+                ]
+                steps.append((history[-1][1], observation))
+                memory = episode_memory(history[0][0], steps, task=task)
             prompt = render_prompt(
                 task,
                 observation,
@@ -90,6 +119,7 @@ class PromptBuilder:
                 step=len(history),
                 history_length=self.history_length,
                 think=self.think,
+                memory=memory,
             )
             return self._chat(prompt)
         ids = list(previous_input) + list(previous_output)
@@ -104,8 +134,11 @@ class PromptBuilder:
         return self.tokenizer.encode_chat([{"role": "user", "content": user_text}])
 
 
-def template_fingerprint(layout: str, history_length: int, think: bool) -> str:
-    """A short stable hash of everything that shapes a prompt, recorded with every LLM call."""
+def template_fingerprint(
+    layout: str, history_length: int, think: bool, *, memory_line: bool = False
+) -> str:
+    """A short stable hash of everything that shapes a prompt, recorded with every LLM call
+    (prompts without the memory line hash as they did before it existed)."""
     parts = [
         SYSTEM_LINE,
         THINK_INSTRUCTIONS if think else ACTION_INSTRUCTIONS,
@@ -113,4 +146,6 @@ def template_fingerprint(layout: str, history_length: int, think: bool) -> str:
         f"layout={layout} h={history_length if layout == 'windowed' else 'all'}",
         CHATML_JINJA_TEMPLATE,
     ]
+    if memory_line:
+        parts.append("memory_line")
     return "alfworld-" + hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]

@@ -142,7 +142,9 @@ def test_vocabulary_covers_every_text_of_random_and_expert_play():
     for phrasing in ("0.4.2", "0.3"):
         for size in ("small", "full"):
             env = AlfworldEnv("train", size=size, phrasing=phrasing, expert_in_info=True)
-            harness = AlfworldHarness(env, HarnessConfig(history_length=2))
+            harness = AlfworldHarness(
+                env, HarnessConfig(history_length=2, memory_line=size == "small")
+            )
             for _ in range(40):
                 prompt, info = harness.reset()
                 texts, done = [prompt], False

@@ -12,9 +12,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sao_jax.envs.alfworld import AlfworldEnv, classes, search_expert_action
+from sao_jax.envs.alfworld import (
+    AlfworldEnv,
+    classes,
+    render_prompt,
+    search_expert_action,
+    texts,
+    vocabulary,
+)
 from sao_jax.envs.alfworld.game import LOOK, TASK_TYPES, Game
 from sao_jax.envs.alfworld.generator import SPLITS, make_game
+from sao_jax.envs.alfworld.search_expert import memory_line
+from sao_jax.rollout import RolloutConfig
+from sao_jax.rollout.prompts import PromptBuilder, template_fingerprint
+from sao_jax.tokenizers import WordTokenizer
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 JUNK = ("jump", "", "take mug 1 from cabinet 1", "go to cabinet 9", "open fridge 1", "help")
@@ -218,3 +229,71 @@ def test_bad_input_is_a_clear_error():
         search_expert_action("Looking quickly around you, you see a cabinet 1.", [], task="fly")
     with pytest.raises(ValueError, match="phrasing"):
         search_expert_action("", [], phrasing="0.5")
+
+
+# -- the optional memory line --------------------------------------------------------------------
+
+
+def test_memory_line_lists_the_receptacles_looked_into_with_the_task_objects():
+    opening = texts.intro(["cabinet 1", "countertop 1", "drawer 1"], "put a mug in cabinet")
+    steps = [
+        ("go to drawer 1", "You arrive at drawer 1. The drawer 1 is closed."),
+        ("take mug 1 from drawer 1", texts.NOTHING_HAPPENS),
+    ]
+    assert memory_line(opening, steps) == "Checked so far: nothing."
+    steps.append(
+        ("open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see nothing.")
+    )
+    steps.append(
+        (
+            "go to countertop 1",
+            "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a mug 1.",
+        )
+    )
+    # search order: what can hold a mug (countertop), the goal class (cabinet), the rest
+    assert memory_line(opening, steps) == "Checked so far: countertop 1 (mug 1), drawer 1."
+    assert search_expert_action(opening, steps) == "take mug 1 from countertop 1"
+    steps.append(("take mug 1 from countertop 1", "You pick up the mug 1 from the countertop 1."))
+    assert memory_line(opening, steps) == "Checked so far: countertop 1, drawer 1."
+    assert search_expert_action(opening, steps) == "go to cabinet 1"
+
+
+def test_windowed_prompts_carry_the_memory_line_of_the_transcript():
+    tokenizer = WordTokenizer.from_texts([" ".join(vocabulary())])
+    builder = PromptBuilder(tokenizer, "windowed", history_length=1, think=False, memory_line=True)
+    plain = template_fingerprint("windowed", 1, False)
+    assert builder.fingerprint != plain
+    assert PromptBuilder(tokenizer, "windowed", history_length=1, think=False).fingerprint == plain
+    env, rng = AlfworldEnv("train", size="small"), random.Random(0)
+    observation, info = env.reset(7)
+    ids = builder.first(info["task"], observation, info["admissible_commands"])
+    history = []
+    while not env.done:
+        memory = memory_line(env.opening, env.transcript)
+        prompt = render_prompt(
+            info["task"],
+            observation,
+            info["admissible_commands"],
+            history=history,
+            step=len(history),
+            history_length=1,
+            think=False,
+            memory=memory,
+        )
+        assert ids == tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        assert memory in tokenizer.decode(ids)
+        command = env.expert_action() if rng.random() < 0.7 else rng.choice(JUNK)
+        history.append((observation, command))
+        observation, _, _, info = env.step(command)
+        ids = builder.next(
+            previous_input=ids,
+            previous_output=[],
+            task=info["task"],
+            observation=observation,
+            admissible=info["admissible_commands"],
+            history=history,
+        )
+    with pytest.raises(ValueError, match="windowed"):
+        PromptBuilder(tokenizer, "concat", history_length=1, think=False, memory_line=True)
+    with pytest.raises(ValueError, match="memory_line needs layout='windowed'"):
+        RolloutConfig(layout="concat", memory_line=True)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sao_jax.envs.alfworld import texts
 from sao_jax.envs.alfworld.env import AlfworldEnv
+from sao_jax.envs.alfworld.search_expert import memory_line
 
 SYSTEM_LINE = "You are an expert agent operating in the ALFRED Embodied Environment."
 THINK_INSTRUCTIONS = (
@@ -44,6 +45,7 @@ def render_prompt(
     step: int = 0,
     history_length: int = 2,
     think: bool = True,
+    memory: str | None = None,
 ) -> str:
     """The user prompt for one turn.
 
@@ -56,10 +58,14 @@ def render_prompt(
       step: steps taken so far.
       history_length: h, how many past pairs to show (0: none).
       think: ask for `<think>` reasoning before the action.
+      memory: an optional line shown under the task (e.g. `search_expert.memory_line`: what
+        the episode has seen beyond the window); None: none.
     """
     if history_length < 0:
         raise ValueError(f"history_length must be >= 0, got {history_length}")
     lines = [f"{SYSTEM_LINE} Your task is to: {task}."]
+    if memory:
+        lines.append(memory)
     shown = list(history)[max(0, len(history) - history_length) :] if history_length else []
     if step > 0 and shown:
         first = len(history) - len(shown) + 1
@@ -124,10 +130,15 @@ def parse_reply(reply: str, *, think: bool = True) -> ParsedReply:
 
 @dataclasses.dataclass(frozen=True)
 class HarnessConfig:
-    """Prompt and reward settings (papers: h=2, 10 x won, -0.1 per malformed reply)."""
+    """Prompt and reward settings (papers: h=2, 10 x won, -0.1 per malformed reply).
+
+    memory_line: add a line under the task with what the episode has seen beyond the window
+      (`search_expert.memory_line`: receptacles looked into, with the task's objects in them).
+    """
 
     history_length: int = 2
     think: bool = True
+    memory_line: bool = False
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
 
@@ -161,6 +172,11 @@ class AlfworldHarness:
             step=len(self.history),
             history_length=self.config.history_length,
             think=self.config.think,
+            memory=(
+                memory_line(self.env.opening, self.env.transcript)
+                if self.config.memory_line
+                else None
+            ),
         )
 
     def step(self, reply: str) -> tuple[str, float, bool, dict]:

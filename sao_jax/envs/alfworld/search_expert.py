@@ -48,6 +48,7 @@ _TEMPLATES = [
     for task_type, pair in TASK_TEMPLATES.items()
     for t in pair
 ]
+MEMORY_PREFIX = "Checked so far:"
 _TREATMENT_STATE = {"clean": "clean", "heat": "hot", "cool": "cool"}
 
 
@@ -348,6 +349,32 @@ class _Decide:
         return self.single()
 
 
+def memory_line(opening: str, steps: Sequence[tuple[str, str]], *, task: str | None = None) -> str:
+    """A compact reminder of the episode for a windowed prompt, from the transcript alone:
+    the receptacles seen inside so far, in the search order, each with the task's objects
+    (and, for look_at_obj_in_light, its lamps) seen in it now, e.g.
+    "Checked so far: drawer 1, shelf 2 (mug 1), cabinet 1." ("nothing" before any)."""
+    spec = TaskSpec.parse(_task_of(opening, task))
+    belief = Belief.of(opening, steps)
+    wanted = {spec.object_cls} | ({spec.receptacle_cls} if spec.task_type == LOOK else set())
+    parts = []
+    for receptacle in search_order(belief.receptacles, spec):
+        if receptacle not in belief.contents:
+            continue
+        found = [i for i in belief.contents[receptacle] if class_of(i) in wanted]
+        parts.append(f"{receptacle} ({', '.join(found)})" if found else receptacle)
+    return f"{MEMORY_PREFIX} {', '.join(parts) if parts else 'nothing'}."
+
+
+def _task_of(opening: str, task: str | None) -> str:
+    if task is not None:
+        return task
+    match = _TASK.search(opening)
+    if match is None:
+        raise ValueError("the opening observation has no task line: pass task=")
+    return match.group(1)
+
+
 def search_expert_action(
     opening: str,
     steps: Sequence[tuple[str, str]],
@@ -369,10 +396,5 @@ def search_expert_action(
     texts.check_phrasing(phrasing)
     if won:
         return None
-    if task is None:
-        match = _TASK.search(opening)
-        if match is None:
-            raise ValueError("the opening observation has no task line: pass task=")
-        task = match.group(1)
-    spec = TaskSpec.parse(task)
+    spec = TaskSpec.parse(_task_of(opening, task))
     return _Decide(spec, Belief.of(opening, steps), phrasing).action()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from sao_jax.envs.alfworld import classes, harness, texts
+from sao_jax.envs.alfworld import classes, harness, search_expert, texts
 from sao_jax.envs.alfworld.game import TASK_TEMPLATES
 
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
@@ -58,6 +58,8 @@ def vocabulary(*, max_number: int = 100) -> list[str]:
         "look",
         "help",
     ]
+    # the optional memory line of the prompt
+    samples.append(f"{search_expert.MEMORY_PREFIX} nothing, {r} ({o}, {o}), {r}.")
     history = [(o, o)] * 3
     for think in (True, False):
         for step, h in ((0, 2), (3, 2), (3, 0)):
