@@ -167,6 +167,9 @@ class Learner:
             self.policy_params, self._policy_frozen, *critic_args, device_batch
         )
         metrics: Metrics = {f"batch/{k}": v for k, v in prepared["stats"].items()}
+        # The steps' `skipped` flags stay on the device until the one host read at the end, so
+        # the steps are queued back to back instead of waiting for each other's results.
+        skipped: dict[str, list[jax.Array]] = {"policy": [], "critic": []}
         warmup = self.in_warmup
         if not warmup:
             epochs = self.config.ppo_epochs if self.algorithm.behaviour == "old_policy" else 1
@@ -179,9 +182,7 @@ class Learner:
                     prepared["advantages"],
                     prepared["behaviour_logp"],
                 )
-                skipped = int(jax.device_get(policy_metrics["skipped"]))
-                self.counters.skipped_policy_steps += skipped
-                self.counters.policy_version += 1 - skipped
+                skipped["policy"].append(policy_metrics["skipped"])
             metrics.update({f"policy/{k}": v for k, v in policy_metrics.items()})
         if self.algorithm.uses_critic:
             for _ in range(self.config.critic_steps):
@@ -193,14 +194,19 @@ class Learner:
                     prepared["returns"],
                     prepared["values"],
                 )
-                skipped = int(jax.device_get(critic_metrics["skipped"]))
-                self.counters.skipped_critic_steps += skipped
-                self.counters.critic_steps += 1 - skipped
+                skipped["critic"].append(critic_metrics["skipped"])
             metrics.update({f"critic/{k}": v for k, v in critic_metrics.items()})
+        fetched, skipped = jax.device_get((metrics, skipped))
+        policy_skips = sum(int(x) for x in skipped["policy"])
+        critic_skips = sum(int(x) for x in skipped["critic"])
+        self.counters.skipped_policy_steps += policy_skips
+        self.counters.policy_version += len(skipped["policy"]) - policy_skips
+        self.counters.skipped_critic_steps += critic_skips
+        self.counters.critic_steps += len(skipped["critic"]) - critic_skips
         if warmup:
             self.counters.warmup_iterations += 1
         self.counters.iterations += 1
-        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        host = {k: float(v) for k, v in fetched.items()}
         host.update(staleness)
         host.update(
             phase=0.0 if warmup else 1.0,
