@@ -43,17 +43,31 @@ BATCH_KEYS = (
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW (linear warm-up to a constant learning rate) after global-norm clipping."""
-    if config.warmup_steps > 0:
-        schedule = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
-    else:
-        schedule = config.learning_rate
+    """AdamW after global-norm clipping; the rate warms up linearly to its peak, then stays
+    constant or (with `decay_steps`) follows a cosine down to `final_fraction` of the peak."""
+    schedule = learning_rate_schedule(config)
     adamw = optax.adamw(
         schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
     )
     if config.max_grad_norm > 0:
         return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
     return adamw
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule | float:
+    """The rate per optimizer step of `config` (a constant when there is no warm-up or decay)."""
+    peak = config.learning_rate
+    if config.warmup_steps == 0 and config.decay_steps == 0:
+        return peak
+    parts, boundaries = [], []
+    if config.warmup_steps > 0:
+        parts.append(optax.linear_schedule(0.0, peak, config.warmup_steps))
+        boundaries.append(config.warmup_steps)
+    if config.decay_steps > 0:
+        parts.append(optax.cosine_decay_schedule(peak, config.decay_steps, config.final_fraction))
+    else:
+        parts.append(optax.constant_schedule(peak))
+    return optax.join_schedules(parts, boundaries)
 
 
 def guarded_update(
