@@ -8,10 +8,11 @@ through the same loader as RL data. With a real pretrained checkpoint, skip this
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -100,6 +101,32 @@ class BehaviourCloner:
         self.steps += 1 - int(metrics["skipped"])
         return metrics
 
+    def evaluate(self, batches: Iterable[Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """Teacher-forced imitation metrics of the current policy on `batches` (held-out
+        demonstrations): `nll` (mean over action tokens), `token_accuracy` (greedy next token
+        equals the demonstrated one) and `action_accuracy` (every token of a reply right: the
+        greedy reply is exactly the expert's), summed over all batches. Raises ValueError when
+        the batches hold no action token."""
+        totals = np.zeros(3)  # nll sum, correct tokens, action tokens
+        replies = np.zeros(2)  # replies, wrong replies
+        for batch in batches:
+            device_batch = self.placement.put_batch({k: np.asarray(batch[k]) for k in BATCH_KEYS})
+            shapes = tuple(sorted((k, tuple(v.shape)) for k, v in device_batch.items()))
+            key = (self._key, "evaluate", shapes)
+            if key not in _COMPILED:
+                _COMPILED[key] = self._build_evaluate(dict(shapes))
+            counts = jax.device_get(_COMPILED[key](self.params, self._frozen, device_batch))
+            totals[:3] += [counts["nll_sum"], counts["correct_tokens"], counts["action_tokens"]]
+            replies += [counts["replies"], counts["wrong_replies"]]
+        if totals[2] == 0:
+            raise ValueError("BehaviourCloner.evaluate: the batches hold no action token")
+        return {
+            "nll": float(totals[0] / totals[2]),
+            "token_accuracy": float(totals[1] / totals[2]),
+            "action_accuracy": float(1.0 - replies[1] / max(replies[0], 1.0)),
+            "replies": float(replies[0]),
+        }
+
     def run(self, batches: Iterator[Mapping[str, np.ndarray]], num_steps: int, callback=None):
         """`num_steps` steps over `batches`; `callback(step, metrics)` after each. Returns the
         last metrics. Raises ValueError when the batches run out first (an `AtdpLoader` epoch
@@ -125,6 +152,19 @@ class BehaviourCloner:
                 callback(index + 1, metrics)
         return metrics
 
+    def _build_evaluate(self, shapes: dict[str, tuple[int, ...]]):
+        graphdef = self._graphdef
+
+        def counts(params, frozen, batch):
+            return imitation_counts(nnx.merge(graphdef, params, frozen), batch)
+
+        place = Placement(self.placement.mesh, self.placement.rules)
+        return place.jit(
+            counts,
+            (self._param_sh, self._frozen_sh, place.batch(shapes)),
+            place.replicated(),
+        )
+
     def _build(self, shapes: dict[str, tuple[int, ...]]):
         graphdef, optimizer, weights, chunk = (
             self._graphdef,
@@ -148,3 +188,37 @@ class BehaviourCloner:
             (self._param_sh, self._opt_sh, place.replicated()),
             donate_argnums=(0, 2),
         )
+
+
+def imitation_counts(policy: Transformer, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Teacher-forced counts over the action tokens of a batch (scalars, summable over batches).
+
+    A reply is a maximal run of action tokens in a row (one per windowed row; one per turn in a
+    concat row). Returns `nll_sum` (-sum log p of the action tokens), `correct_tokens` (greedy
+    prediction equals the token), `action_tokens`, `replies` and `wrong_replies` (replies with
+    at least one wrong token).
+    """
+    mask = objectives.action_mask(batch) > 0  # [R, T]; column t is predicted from t - 1
+    out = policy.forward(
+        batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
+    )
+    logits = policy.logits(out.hidden)[:, :-1]  # [R, T-1, V]: predictions of tokens 1..T-1
+    targets = batch["tokens"][:, 1:]
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    logp = jnp.pad(logp, ((0, 0), (1, 0)))
+    correct = jnp.pad(jnp.argmax(logits, axis=-1) == targets, ((0, 0), (1, 0))) & mask
+    starts = mask & ~jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
+    rows, length = mask.shape
+    run_id = jnp.cumsum(starts, axis=1) + (jnp.arange(rows) * (length + 1))[:, None]
+    wrong = (mask & ~correct).astype(jnp.int32)
+    wrong_runs = jax.ops.segment_max(
+        jnp.where(mask, wrong, 0).reshape(-1), run_id.reshape(-1), num_segments=rows * (length + 1)
+    )
+    return {
+        "nll_sum": -jnp.sum(jnp.where(mask, logp, 0.0)),
+        "correct_tokens": jnp.sum(correct),
+        "action_tokens": jnp.sum(mask),
+        "replies": jnp.sum(starts),
+        "wrong_replies": jnp.sum(jnp.maximum(wrong_runs, 0)),
+    }
