@@ -18,6 +18,7 @@ from flax import nnx
 
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
+from experiments.alfworld_lengths import sized_config
 from experiments.alfworld_sao import ExperimentConfig
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
 from sao_jax.distributed.host_sync import allgather_json
@@ -101,6 +102,9 @@ class Run:
             )
         check_process_split(config, self.processes)
         self.mesh = self.job.mesh
+        # a seq_len left at 0 is sized from expert games of this run's prompts (every process
+        # measures the same games, so all agree)
+        config = sized_config(config, build_tokenizer(config))
         self.config = resolve(config)
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import pytest
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments import alfworld_sao
+from experiments.alfworld_lengths import size_sequences
 from experiments.alfworld_run import build_tokenizer
 from experiments.alfworld_warm_start import (
     DEMOS,
@@ -36,7 +37,14 @@ def _lengths(config, num_episodes=64):
 
 @pytest.mark.timeout(60)
 def test_a_longer_history_stops_at_the_command_line_and_its_advice_works(tmp_path, capsys):
-    argv = ["--out", str(tmp_path / "run"), "progress=false", "rollout.history_length=2"]
+    argv = [
+        "--out",
+        str(tmp_path / "run"),
+        "progress=false",
+        "rollout.history_length=2",
+        "warm_start.seq_len=256",
+        "rl.seq_len=256",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         alfworld_sao.main(argv)
     assert exit_info.value.code == 2
@@ -59,8 +67,24 @@ def test_a_longer_history_stops_at_the_command_line_and_its_advice_works(tmp_pat
 
 
 @pytest.mark.timeout(60)
-def test_the_default_history_runs_and_warns_what_its_batches_drop(tmp_path):
+def test_the_default_rows_are_sized_so_that_no_demonstration_is_dropped(tmp_path):
     config = _config(tmp_path)
+    assert config.warm_start.seq_len == config.rl.seq_len == 0  # auto
+    lengths = _lengths(config, num_episodes=256)
+    sized = size_sequences(config, lengths)
+    assert sized.warm_start.seq_len >= lengths.longest_row.max()
+    assert sized.warm_start.seq_len % 32 == 0 and sized.rl.seq_len % 32 == 0
+    assert sized.rl.seq_len >= lengths.longest_prompt.max() + config.rollout.max_new_tokens
+    assert check_sequence_lengths(config, lengths) == []
+    # the command line sizes them before the run starts, and keeps an explicit value
+    assert alfworld_sao.check_lengths(config).warm_start.seq_len == sized.warm_start.seq_len
+    explicit = _config(tmp_path, "warm_start.seq_len=512")
+    assert alfworld_sao.check_lengths(explicit).warm_start.seq_len == 512
+
+
+@pytest.mark.timeout(60)
+def test_a_shorter_explicit_row_runs_and_warns_what_its_batches_drop(tmp_path):
+    config = _config(tmp_path, "warm_start.seq_len=256", "rl.seq_len=256")
     lengths = _lengths(config)
     warnings = check_sequence_lengths(config, lengths)
     dropped = int((lengths.longest_row > 256).sum())
@@ -72,7 +96,9 @@ def test_the_default_history_runs_and_warns_what_its_batches_drop(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_without_behaviour_cloning_only_the_rl_batches_are_checked(tmp_path):
-    config = _config(tmp_path, "rollout.history_length=2", "rl.seq_len=512")
+    config = _config(
+        tmp_path, "rollout.history_length=2", "warm_start.seq_len=256", "rl.seq_len=512"
+    )
     lengths = _lengths(config)
     with pytest.raises(SequenceLengthError, match=r"warm_start\.seq_len=256 x warm_start\.rows"):
         check_sequence_lengths(config, lengths)
