@@ -88,11 +88,14 @@ def warm_start(run: Run, log: MetricsWriter) -> None:
             restored = saved.restore({"policy": run.policy})
         run.policy = restored.items["policy"]
         run.evals["start"] = restored.metadata["evals"]["start"]
+        if "warm_start" in restored.metadata["evals"]:
+            run.evals["warm_start"] = restored.metadata["evals"]["warm_start"]
         return
     clone_expert(run, log)
     evaluate_policy(run, log, run.policy, 0, "start")
     with Checkpointer(run.warm_start_dir, max_to_keep=1, async_save=False) as saved:
-        saved.save(0, {"policy": run.policy}, metadata={"evals": {"start": run.evals["start"]}})
+        kept = {k: run.evals[k] for k in ("start", "warm_start") if k in run.evals}
+        saved.save(0, {"policy": run.policy}, metadata={"evals": kept})
 
 
 def evaluate_policy(
@@ -347,6 +350,7 @@ def summarize(run: Run, learner: Learner) -> dict:
             for split in SPLITS
         },
         "rl_timing": run.timing,
+        "warm_start": run.evals.get("warm_start", {}),
     }
 
 
@@ -374,6 +378,8 @@ def print_summary(summary: dict) -> None:
                 }
             )
     print(summary_table(rows, floatfmt=".3f"))
+    if summary.get("warm_start"):  # the cloned start: its expert, epochs, held-out imitation
+        print(summary_table({f"warm start: {k}": v for k, v in summary["warm_start"].items()}))
     print(summary_table({k: v for k, v in summary.items() if not isinstance(v, dict)}))
 
 

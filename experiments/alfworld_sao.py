@@ -78,10 +78,20 @@ class WarmStartSpec:
 
     Attributes:
       demo_episodes: expert episodes written to the `demos` tenant.
-      steps: behaviour-cloning steps (0: none).
+      heldout_episodes: expert episodes of train games kept out of the demos (the last
+        `heldout_episodes` games of the split), on which teacher-forced imitation accuracy is
+        measured (`bc/heldout_*`; 0: none).
+      heldout_every: cloning steps between held-out measurements (also at the end; 0: at the
+        end only).
+      epochs: cloning length in passes over the demonstrations' rows (0: `steps` decides);
+        `bc/epoch` logs how far it got.
+      steps: behaviour-cloning steps when `epochs` is 0 (both 0: no cloning).
       rows: rows per cloning batch.
-      seq_len: tokens per row.
+      seq_len: tokens per row (0: sized to the longest demonstrated row of this run's prompts,
+        measured on expert games before anything runs, so no demonstration is dropped).
       optimizer: AdamW of the cloning phase.
+      decay: the cloning rate follows a cosine from its peak (after the warm-up) down to
+        `optimizer.final_fraction` of it over the cloning steps (DAgger steps continue there).
       context_weight: weight of the NLL of prompt / observation tokens during cloning (a small
         model from scratch learns to read and copy the prompt much sooner with it).
       dagger_rounds: DAgger rounds after cloning: the cloned policy plays, the expert relabels
@@ -94,12 +104,16 @@ class WarmStartSpec:
     """
 
     demo_episodes: int = 1000
+    heldout_episodes: int = 64
+    heldout_every: int = 200
+    epochs: float = 0.0
     steps: int = 300
     rows: int = 32
     seq_len: int = 320
     optimizer: OptimizerConfig = dataclasses.field(
         default_factory=lambda: OptimizerConfig(learning_rate=3e-3, warmup_steps=20)
     )
+    decay: bool = True
     context_weight: float = 1.0
     dagger_rounds: int = 0
     dagger_episodes: int = 64
@@ -120,7 +134,8 @@ class RLSpec:
       max_staleness: versions a sample may lag (engine admission and loader filter).
       episodes_per_version: episodes per policy version (engine admission; a sync round).
       rows: rows per learner batch (windowed layout: one row per turn).
-      seq_len: tokens per row.
+      seq_len: tokens per row (0: the longest expert prompt of this run's settings plus
+        `rollout.max_new_tokens`, measured before anything runs).
       warmup_episodes: rollouts of the cloned policy for the critic warm-up.
       idle_timeout_s: a stream idle this long hands over its partial batch.
     """
@@ -219,13 +234,13 @@ def tiny() -> ExperimentConfig:
             critic_optimizer=OptimizerConfig(learning_rate=1e-3),
             critic_warmup_steps=6,
         ),
-        warm_start=WarmStartSpec(demo_episodes=2000, steps=300, rows=32, seq_len=256),
+        warm_start=WarmStartSpec(demo_episodes=2000, epochs=2.0, rows=32, seq_len=0),
         rl=RLSpec(
             policy_steps=50,
             envs_per_worker=16,
             episodes_per_version=6,
             rows=128,
-            seq_len=256,
+            seq_len=0,
             warmup_episodes=32,
         ),
         eval=EvalSpec(num_envs=64),
@@ -258,8 +273,8 @@ def micro() -> ExperimentConfig:
         env=EnvConfig(size="small", max_steps=4),
         learner=dataclasses.replace(config.learner, critic_warmup_steps=1),
         warm_start=dataclasses.replace(
-            config.warm_start, demo_episodes=8, steps=2, rows=16, dagger_rounds=1, dagger_episodes=2,
-            dagger_steps=1,
+            config.warm_start, demo_episodes=8, heldout_episodes=4, steps=2, epochs=0.0, rows=16,
+            dagger_rounds=1, dagger_episodes=2, dagger_steps=1,
         ),
         rl=dataclasses.replace(
             config.rl, policy_steps=2, envs_per_worker=4, episodes_per_version=2, rows=16,
@@ -298,26 +313,34 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse(argv)
     from experiments.alfworld_run import run  # heavy imports once the command line is valid
 
-    check_lengths(config)
-    return run(config, distributed=distributed)
+    return run(check_lengths(config), distributed=distributed)
 
 
-def check_lengths(config: ExperimentConfig) -> None:
-    """Exits 2 when the batches (`warm_start.seq_len` / `rows`, `rl.seq_len` / `rows`) fit none
-    of the prompts `rollout` builds (`history_length`, `layout`, `think`), measured on expert
-    games in under a second: such a run would drop every episode and wait forever. Prints a
-    warning for a phase that drops only some."""
+def check_lengths(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with every `seq_len` left at 0 sized to the prompts `rollout` builds
+    (`history_length`, `layout`, `think`), measured on expert games in a few seconds. Exits 2
+    when the batches (`warm_start.seq_len` / `rows`, `rl.seq_len` / `rows`) fit none of them:
+    such a run would drop every episode and wait forever. Prints a warning for a phase that
+    drops only some."""
+    from experiments.alfworld_lengths import (
+        check_sequence_lengths,
+        measure_demonstrations,
+        size_sequences,
+    )
     from experiments.alfworld_run import build_tokenizer
-    from experiments.alfworld_warm_start import check_sequence_lengths, measure_demonstrations
 
     try:
-        lengths = measure_demonstrations(build_tokenizer(config), config.rollout, config.env)
+        lengths = measure_demonstrations(
+            build_tokenizer(config), config.rollout, config.env, num_episodes=512
+        )
+        config = size_sequences(config, lengths)
         warnings = check_sequence_lengths(config, lengths)
     except ValueError as error:  # SequenceLengthError, or a prompt past max_context_tokens
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from error
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    return config
 
 
 if __name__ == "__main__":

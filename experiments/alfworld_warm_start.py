@@ -13,15 +13,14 @@ deterministic), relabelled turns are written back, and cloning reads it all thro
 from __future__ import annotations
 
 import dataclasses
-import tempfile
+import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from atdp_io import (
-    AtdpStore,
     DecodingParams,
     Event,
     EventKind,
@@ -29,20 +28,27 @@ from atdp_io import (
     Trajectory,
     TrajectoryHeader,
 )
-from atdp_io.rows import TrainingView, training_view, trajectory_rows
+from atdp_io.rows import pack_batch
+from experiments.alfworld_lengths import (  # noqa: F401  (re-exported: the phase's checks)
+    DEMOS,
+    DemoLengths,
+    SequenceLengthError,
+    check_sequence_lengths,
+    measure_demonstrations,
+    stored_demo_lengths,
+)
 from sao_jax.distributed.host_sync import allgather_numbers
-from sao_jax.envs.alfworld import AlfworldEnv
+from sao_jax.envs.alfworld import SPLITS, AlfworldEnv
 from sao_jax.metrics import MetricsWriter, ProgressBar
-from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos, expert_reply
+from sao_jax.rollout import collect_expert_demos, expert_reply
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.tokenizers.chat_template import IM_END
 from sao_jax.train import BehaviourCloner
 
 if TYPE_CHECKING:
-    from experiments.alfworld_sao import ExperimentConfig
     from experiments.alfworld_setup import Run
 
-DEMOS, DAGGER = "demos", "dagger"
+DAGGER = "dagger"
 EXPERT_MODEL_ID = "alfworld-expert-relabel"
 
 
@@ -146,181 +152,155 @@ def relabel_all(
     return out
 
 
-# -- do the demonstrations fit the batches? ---------------------------------------------------
-
-
-class SequenceLengthError(ValueError):
-    """No expert demonstration fits a batch the run builds: its loader would never fill one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DemoLengths:
-    """Token lengths of expert episodes as the loader lays them out, one entry per episode.
-
-    Attributes:
-      longest_row: [E] tokens of the episode's longest training row (prompt + reply).
-      num_rows: [E] rows of the episode (windowed: one per turn; concat: one).
-      longest_prompt: [E] tokens of the episode's longest prompt (an LLM call's input).
-    """
-
-    longest_row: np.ndarray
-    num_rows: np.ndarray
-    longest_prompt: np.ndarray
-
-    @classmethod
-    def of(cls, episodes: Iterable[Trajectory | TrainingView], layout: str) -> DemoLengths:
-        """The lengths of `episodes` laid out in `layout` (exactly the loader's rows)."""
-        longest, counts, prompts = [], [], []
-        for episode in episodes:
-            view = episode if isinstance(episode, TrainingView) else training_view(episode)
-            rows, _ = trajectory_rows(view, layout)
-            if rows:
-                longest.append(max(r.length for r in rows))
-                counts.append(len(rows))
-                prompts.append(max(len(turn.input_ids) for turn in view.turns))
-        return cls(np.asarray(longest), np.asarray(counts), np.asarray(prompts))
-
-
-def measure_demonstrations(
-    tokenizer: Tokenizer, rollout: RolloutConfig, env: EnvConfig, *, num_episodes: int = 256
-) -> DemoLengths:
-    """Plays `num_episodes` expert games (the real collector, into a throwaway ATDP store) and
-    measures their rows: under a second for 256 small games."""
-    with tempfile.TemporaryDirectory(prefix="demo-lengths-") as directory:
-        store = AtdpStore.open(directory)
-        with store.writer(DEMOS) as writer:
-            collect_expert_demos(
-                writer, tokenizer, num_episodes=num_episodes, rollout=rollout, env=env
-            )
-        return stored_demo_lengths(store, rollout.layout)
-
-
-def stored_demo_lengths(store: AtdpStore, layout: str, tenant: str = DEMOS) -> DemoLengths:
-    """The lengths of every demonstration committed to `tenant` of `store`."""
-    reader = store.reader(tenant, principal=tenant)
-    reader.refresh()
-    entries = [reader.index.by_row[row] for row in reader.index.close_order]
-    return DemoLengths.of(reader.read_training_views(entries), layout)
-
-
-def check_sequence_lengths(config: ExperimentConfig, lengths: DemoLengths) -> list[str]:
-    """Checks the batch shapes of `config` against expert episodes of its prompts.
-
-    Behaviour cloning reads the demonstrations themselves; the critic warm-up and RL read the
-    policy's episodes, whose prompts are built the same way (a cloned policy replies like the
-    expert; any reply may take up to `rollout.max_new_tokens`). Raises `SequenceLengthError`
-    naming the settings to change when no episode fits a phase's `rows x seq_len` (its loader
-    would drop everything and the phase wait forever); returns a warning for each phase that
-    drops only some.
-    """
-    rollout = config.rollout
-    setting = (
-        f"rollout.history_length={rollout.history_length} (layout {rollout.layout}, think "
-        f"{rollout.think})"
-    )
-    if not lengths.longest_row.size:
-        raise SequenceLengthError(f"no expert episode has a turn to measure with {setting}")
-    longest = int(lengths.longest_row.max())
-    needs = {
-        "warm_start": longest,
-        "rl": int(lengths.longest_prompt.max()) + rollout.max_new_tokens,
-    }
-    spec = config.warm_start
-    phases = {"rl": config.rl}
-    if not config.model.hf_path and spec.steps > 0 and not spec.from_run:
-        phases = {"warm_start": spec, **phases}
-    starved, advice, warnings = [], [], []
-    for name, phase in phases.items():
-        fits = (lengths.longest_row <= phase.seq_len) & (lengths.num_rows <= phase.rows)
-        fix = [f"{name}.seq_len={_round_up(max(needs[name], phase.seq_len), 32)}"]
-        if (lengths.num_rows > phase.rows).any():
-            fix.append(f"{name}.rows={int(lengths.num_rows.max())}")
-        if not fits.any():
-            starved.append(f"{name}.seq_len={phase.seq_len} x {name}.rows={phase.rows}")
-            advice += fix
-        elif not fits.all():
-            warnings.append(
-                f"{name}.seq_len={phase.seq_len} x {name}.rows={phase.rows} drops "
-                f"{int((~fits).sum())} of {fits.size} expert episodes ({1 - fits.mean():.1%}) "
-                f"with {setting}: rows up to {longest} tokens; {' '.join(fix)} keeps them"
-            )
-    if starved:
-        raise SequenceLengthError(
-            f"with {setting} every one of {lengths.longest_row.size} expert episodes has a row "
-            f"of {int(lengths.longest_row.min())} to {longest} tokens (up to "
-            f"{int(lengths.num_rows.max())} rows), so {' and '.join(starved)} fit none of them: "
-            f"the run would drop every episode and wait forever. Set {' '.join(advice)} "
-            f"or more (RL replies may take rollout.max_new_tokens={rollout.max_new_tokens})"
-        )
-    return warnings
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 # -- the phase ----------------------------------------------------------------------------------
+
+
+HELDOUT = "demos-heldout"
+
+
+def heldout_games(num_games: int) -> tuple[range, range]:
+    """(training games, held-out games) of the train split: the last `num_games` are held out."""
+    total = SPLITS["train"]
+    if not 0 <= num_games < total:
+        raise ValueError(f"warm_start.heldout_episodes must be in [0, {total}), got {num_games}")
+    return range(total - num_games), range(total - num_games, total)
+
+
+def batches_per_epoch(num_rows: np.ndarray, rows: int) -> int:
+    """Batches of `rows` one pass over episodes of `num_rows` rows each fills (the loader never
+    splits an episode: one that does not fit starts the next batch)."""
+    batches, used = 0, 0
+    for n in (int(n) for n in num_rows if n <= rows):
+        if used + n > rows:
+            batches, used = batches + 1, 0
+        used += n
+    return batches + int(used > 0)
 
 
 def clone_expert(run: Run, log: MetricsWriter) -> None:
     """Expert demonstrations -> ATDP -> loader -> behaviour cloning (+ DAgger rounds); the
-    cloned policy replaces `run.policy`. Nothing to do with a HF checkpoint or 0 steps."""
+    cloned policy replaces `run.policy`. Nothing to do with a HF checkpoint or no steps.
+
+    With `warm_start.epochs` the number of steps covers that many passes over the demonstrated
+    rows; `bc/epoch` logs the passes made. Teacher-forced imitation metrics on held-out games
+    (`bc/heldout_nll`, `bc/heldout_token_accuracy`, `bc/heldout_action_accuracy`) are logged every
+    `warm_start.heldout_every` steps and at the end."""
     spec, config = run.config.warm_start, run.config
-    if not config.model.hf_path and spec.steps > 0:
-        start = time.perf_counter()
-        with run.store.writer(run.tenant(DEMOS)) as writer:  # each process its share
-            demos = collect_expert_demos(
+    if config.model.hf_path or (spec.steps <= 0 and spec.epochs <= 0):
+        return
+    start = time.perf_counter()
+    train_games, held_games = heldout_games(spec.heldout_episodes)
+    env = dataclasses.replace(config.env, seed=config.env.seed + run.seed_offset())
+    with run.store.writer(run.tenant(DEMOS)) as writer:  # each process its share
+        demos = collect_expert_demos(
+            writer,
+            run.tokenizer,
+            num_episodes=run.share(spec.demo_episodes),
+            rollout=config.rollout,
+            env=env,
+            run_id=run.tenant(f"demos-{config.seed}"),
+            indices=train_games,
+        )
+    if spec.heldout_episodes:
+        with run.store.writer(run.tenant(HELDOUT)) as writer:
+            collect_expert_demos(
                 writer,
                 run.tokenizer,
-                num_episodes=run.share(spec.demo_episodes),
+                num_episodes=run.share(spec.heldout_episodes),
                 rollout=config.rollout,
-                env=dataclasses.replace(config.env, seed=config.env.seed + run.seed_offset()),
-                run_id=run.tenant(f"demos-{config.seed}"),
+                env=env,
+                run_id=run.tenant(f"heldout-{config.seed}"),
+                indices=held_games,
             )
-        demos = run.combined_stats(demos)
-        # every demo measured (the command line checked a sample): fail here, not in the loader
-        lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
-        check_sequence_lengths(config, lengths)
-        loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
-        batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
-        cloner = BehaviourCloner(
-            run.policy,
-            spec.optimizer,
-            load_balance_loss_weight=config.learner.load_balance_loss_weight,
-            router_z_loss_weight=config.learner.router_z_loss_weight,
-            context_weight=spec.context_weight,
-            mesh=run.mesh,  # with several processes a cloning step spans all of them
-        )
-        total = spec.steps + spec.dagger_rounds * spec.dagger_steps
-        bar = ProgressBar(
-            total,
-            desc="behaviour cloning",
-            keys=("nll",),
-            disable=None if config.progress else True,
-        )
+    demos = run.combined_stats(demos)
+    # every demo measured (the command line checked a sample): fail here, not in the loader
+    lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
+    check_sequence_lengths(config, lengths)
+    share = spec.rows // run.processes  # each process's share of a batch
+    fits = (lengths.longest_row <= spec.seq_len) & (lengths.num_rows <= share)
+    epoch_rows = int(lengths.num_rows[fits].sum())
+    steps = spec.steps
+    if spec.epochs > 0:
+        per_epoch = int(allgather_numbers([batches_per_epoch(lengths.num_rows[fits], share)]).max())
+        steps = max(1, math.ceil(spec.epochs * per_epoch))
+    loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+    rows_seen = [0]
 
-        def report(step: int, metrics: dict) -> None:
-            run.step += 1
-            log.write(run.step, {f"bc/{k}": v for k, v in metrics.items()})
-            bar.update(metrics=metrics)
+    def counted(batches: Iterator[dict]) -> Iterator[dict]:
+        for batch in batches:
+            rows_seen[0] += int((batch["traj_index"] >= 0).sum())
+            yield batch
 
-        with bar:
-            cloner.run(batches, spec.steps, report)
-            for round_index in range(spec.dagger_rounds):
-                dagger_round(run, log, cloner, round_index, report)
-        run.policy = cloner.policy_module()
-        run.seconds["bc"] += time.perf_counter() - start
-        fits = (lengths.longest_row <= spec.seq_len) & (
-            lengths.num_rows <= spec.rows // run.processes  # each process's share of a batch
-        )
-        log.write(
-            run.step,
-            {
-                "demos/episodes": demos["episodes"],
-                "demos/won": demos["won"],
-                "demos/too_long_fraction": float(1 - fits.mean()),
-            },
-        )
+    batches = counted(iter(loader.epoch(seed=config.seed, num_epochs=None)))
+    optimizer = spec.optimizer
+    if spec.decay:
+        decay_steps = max(1, steps - optimizer.warmup_steps)
+        optimizer = dataclasses.replace(optimizer, decay_steps=decay_steps)
+    cloner = BehaviourCloner(
+        run.policy,
+        optimizer,
+        load_balance_loss_weight=config.learner.load_balance_loss_weight,
+        router_z_loss_weight=config.learner.router_z_loss_weight,
+        context_weight=spec.context_weight,
+        mesh=run.mesh,  # with several processes a cloning step spans all of them
+    )
+    heldout = heldout_batches(run, spec) if spec.heldout_episodes else None
+    total = steps + spec.dagger_rounds * spec.dagger_steps
+    bar = ProgressBar(
+        total,
+        desc="behaviour cloning",
+        keys=("nll", "heldout_action_accuracy"),
+        disable=None if config.progress else True,
+    )
+    last_heldout: dict[str, float] = {}
+
+    def report(step: int, metrics: dict) -> None:
+        run.step += 1
+        record = {f"bc/{k}": v for k, v in metrics.items()}
+        record["bc/epoch"] = rows_seen[0] / max(epoch_rows, 1)
+        every = spec.heldout_every
+        if heldout is not None and ((every and run.step % every == 0) or run.step == total):
+            last_heldout.update(cloner.evaluate(heldout))
+            record.update({f"bc/heldout_{k}": v for k, v in last_heldout.items()})
+        log.write(run.step, record)
+        bar.update(metrics=metrics | {f"heldout_{k}": v for k, v in last_heldout.items()})
+
+    with bar:
+        cloner.run(batches, steps, report)
+        for round_index in range(spec.dagger_rounds):
+            dagger_round(run, log, cloner, round_index, report)
+    run.policy = cloner.policy_module()
+    run.seconds["bc"] += time.perf_counter() - start
+    log.write(
+        run.step,
+        {
+            "demos/episodes": demos["episodes"],
+            "demos/won": demos["won"],
+            "demos/success_rate": demos["success_rate"],
+            "demos/avg_steps": demos["avg_steps"],
+            "demos/too_long_fraction": float(1 - fits.mean()),
+            "bc/steps": total,
+            "bc/epochs": rows_seen[0] / max(epoch_rows, 1),
+        },
+    )
+    run.evals["warm_start"] = {
+        "bc_steps": total,
+        "bc_epochs": rows_seen[0] / max(epoch_rows, 1),
+        "expert_success": demos["success_rate"],
+        "expert_avg_steps": demos["avg_steps"],
+        "demos_too_long_fraction": float(1 - fits.mean()),
+        **{f"heldout_{k}": v for k, v in last_heldout.items()},
+    }
+
+
+def heldout_batches(run: Run, spec) -> list[dict]:
+    """Every batch of this process's held-out demonstrations, padded with empty batches to the
+    count of the process with the most (evaluation steps span every process in lockstep)."""
+    loader = run.loader(HELDOUT, rows=spec.rows, seq_len=spec.seq_len)
+    batches = [dict(b) for b in loader.epoch(seed=0, shuffle=False, num_epochs=1)]
+    most = int(allgather_numbers([len(batches)]).max())
+    empty = pack_batch([], spec.rows // run.processes, spec.seq_len, run.tokenizer.pad_id)
+    return batches + [empty] * (most - len(batches))
 
 
 def dagger_round(

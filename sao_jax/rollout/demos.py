@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,6 +53,7 @@ def collect_expert_demos(
     env: EnvConfig | None = None,
     run_id: str | None = None,
     write_batch: int = 32,
+    indices: Sequence[int] | None = None,
 ) -> dict:
     """Play `num_episodes` games of `env` with the expert and write them through `writer`.
 
@@ -61,6 +63,8 @@ def collect_expert_demos(
       / "expert-oracle").
     run_id: prefix of the demos' episode ids (None: a random one); a run_id the ATDP writer
       would redact is a `ValueError` before any game is played.
+    indices: the game indices of `env.split` to draw from (None: all of them), e.g. to keep
+      held-out games out of the demonstrations.
     Returns `RolloutStats` counters of the demos (episodes, won, env_steps, ...).
     """
     if num_episodes < 1:
@@ -82,7 +86,7 @@ def collect_expert_demos(
     decoding = DecodingParams(
         temperature=0.0, extra={"logprobs": "absent", "policy": f"expert-{env.expert}"}
     )
-    (game_env,) = env.make_envs(1)
+    (game_env,) = env.make_envs(1, indices=indices)
     stats, pending = RolloutStats(), []
     for e in range(num_episodes):
         episode = _play_expert(game_env, tokenizer, builder, rollout, im_end, decoding)

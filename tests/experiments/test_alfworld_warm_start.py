@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 
 from atdp_io import AtdpStore, EventKind
-from experiments.alfworld_warm_start import relabel_all, relabel_with_expert
-from sao_jax.envs.alfworld import AlfworldEnv, vocabulary
+from experiments.alfworld_warm_start import (
+    batches_per_epoch,
+    heldout_games,
+    relabel_all,
+    relabel_with_expert,
+)
+from sao_jax.envs.alfworld import SPLITS, AlfworldEnv, vocabulary
 from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos
 from sao_jax.tokenizers import WordTokenizer
 
@@ -99,3 +104,18 @@ def test_relabel_all_skips_what_cannot_be_relabelled(demos):
     too_short = relabel_all(demos, tokenizer(), think=False, max_new_tokens=2)
     assert too_short == []
     assert len(relabel_all(demos, tokenizer(), think=False, max_new_tokens=12)) == len(demos)
+
+
+def test_an_epoch_counts_the_batches_the_loader_fills_without_splitting_an_episode():
+    assert batches_per_epoch(np.array([4, 4, 4, 4]), 8) == 2
+    assert batches_per_epoch(np.array([5, 4, 5]), 8) == 3  # an episode never straddles batches
+    assert batches_per_epoch(np.array([3, 9, 3]), 8) == 1  # one over a batch is dropped
+    assert batches_per_epoch(np.array([], int), 8) == 0
+
+
+def test_held_out_games_are_the_last_of_the_train_split_and_never_demonstrated():
+    train, held = heldout_games(64)
+    assert len(held) == 64 and held[-1] == SPLITS["train"] - 1
+    assert not set(train) & set(held) and len(train) + len(held) == SPLITS["train"]
+    with pytest.raises(ValueError, match="heldout_episodes"):
+        heldout_games(SPLITS["train"])
