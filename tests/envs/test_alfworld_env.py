@@ -94,8 +94,10 @@ def test_sampler_covers_each_epoch_once_in_a_seeded_order():
         AlfworldEnv("valid_seen", sampler=GameSampler("train"))
 
 
-def test_batched_envs_play_distinct_games_and_count_successes_per_task_type():
-    batch = BatchedAlfworldEnv(16, "valid_seen", size="small", seed=1)
+@pytest.mark.parametrize("expert", ["search", "oracle"])
+def test_batched_envs_play_distinct_games_and_count_successes_per_task_type(expert):
+    batch = BatchedAlfworldEnv(16, "valid_seen", size="small", seed=1, expert=expert)
+    assert all(env.expert == expert for env in batch.envs)
     observations, infos = batch.reset()
     assert len(observations) == 16 and len({info["game_id"] for info in infos}) == 16
     dones = np.zeros(16, bool)

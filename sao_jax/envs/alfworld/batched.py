@@ -22,6 +22,7 @@ class BatchedAlfworldEnv:
     for a finished env is an error unless `auto_reset`, which restarts finished envs inside
     `step`: the returned observation/info are then the new episode's, done is True for the
     step that ended, and `info["final_observation"]` / `info["episode"]` describe the old one.
+    `expert`: which expert `expert_actions()` asks ("search" or "oracle", see `AlfworldEnv`).
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class BatchedAlfworldEnv:
         include_help: bool = False,
         expert_in_info: bool = False,
         auto_reset: bool = False,
+        expert: str = "search",
     ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -50,6 +52,7 @@ class BatchedAlfworldEnv:
                 include_help=include_help,
                 expert_in_info=expert_in_info,
                 sampler=self.sampler,
+                expert=expert,
             )
             for _ in range(num_envs)
         ]

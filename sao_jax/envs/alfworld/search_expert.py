@@ -53,8 +53,14 @@ _TREATMENT_STATE = {"clean": "clean", "heat": "hot", "cool": "cool"}
 
 
 def class_of(name: str) -> str:
-    """ALFRED class of a displayed instance name ("butterknife 2" -> "ButterKnife")."""
-    return _DISPLAY_TO_CLASS[name.rsplit(" ", 1)[0]]
+    """ALFRED class of a displayed instance name ("butterknife 2" -> "ButterKnife"); a word
+    outside our class table stays as it is (it then fits nowhere in the priors)."""
+    word = name.rsplit(" ", 1)[0]
+    return _DISPLAY_TO_CLASS.get(word, word)
+
+
+def _fits(receptacle_cls: str, object_cls: str) -> bool:
+    return object_cls in classes.CAN_CONTAIN.get(receptacle_cls, ())
 
 
 def parse_listing(text: str) -> list[str]:
@@ -201,7 +207,7 @@ def search_order(receptacles: Sequence[str], task: TaskSpec) -> list[str]:
         cls = class_of(name)
         if cls == task.receptacle_cls:
             return 1
-        return 0 if classes.can_contain(cls, task.object_cls) else 2
+        return 0 if _fits(cls, task.object_cls) else 2
 
     return sorted(receptacles, key=lambda name: (group(name), name))
 
@@ -255,20 +261,13 @@ class _Decide:
         came from."""
         belief, held_cls = self.belief, class_of(self.belief.held)
         here = belief.location
-        if (
-            here is not None
-            and belief.accessible(here)
-            and classes.can_contain(class_of(here), held_cls)
-        ):
+        if here is not None and belief.accessible(here) and _fits(class_of(here), held_cls):
             return texts.put_command(belief.held, here, self.phrasing)
-        home = belief.held_from
-        if home is None or not classes.can_contain(class_of(home), held_cls):
-            home = next(
-                r
-                for r in search_order(belief.receptacles, self.task)
-                if classes.can_contain(class_of(r), held_cls)
-            )
-        return self.put(home)
+        # where it came from takes it (it lay there); without a record, the first that fits
+        home = belief.held_from or next(
+            (r for r in sorted(belief.receptacles) if _fits(class_of(r), held_cls)), None
+        )
+        return "inventory" if home is None else self.put(home)
 
     def is_target(self, item: str) -> bool:
         return class_of(item) == self.task.object_cls
