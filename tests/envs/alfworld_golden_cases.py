@@ -1,5 +1,5 @@
 """Golden transcripts, one or more per task type, written by hand from the rules in
-shared/docs/alfworld.md (texts of alfworld 0.4.2 checked on the real engine), on hand-built
+docs/alfworld.md (texts of alfworld 0.4.2 checked on the real engine), on hand-built
 games. test_alfworld_golden.py plays them on our engine; test_alfworld_differential.py plays
 the 0.4.2 ones on the real engine.
 
