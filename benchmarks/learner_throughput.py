@@ -1,0 +1,176 @@
+"""SAO learner iteration, heads at every position vs at the action tokens only, side by side.
+
+One SAO iteration (prepare: critic values + linked GAE; one DIS policy step; K = 2 critic steps)
+of the `experiments.alfworld_sao` `tiny` preset's learner (model preset tiny, 4 experts,
+moe_intermediate_size 128, dropless; vocabulary from the ALFWorld word tokenizer) on a realistic
+windowed RL batch: `rows` x `seq_len` tokens, real lengths uniform in [200, 250], 5..9 action
+tokens at the end of each row's real tokens (one LLM reply per row), rows grouped 8 turns to a
+trajectory, a terminal reward on the last turn.
+
+Two learners from the same weights, `head_positions="all"` (the LM head and the value head at
+all R x T positions) and `"actions"` (at a per-row capacity K of gathered action tokens), are
+compiled first, then timed alternately; the best of `repeats` is reported with the ratio, the
+share of head positions that carry a gradient, and the machine load.
+
+    python benchmarks/learner_throughput.py [rows=128] [seq_len=256] [repeats=3]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from sao_jax.config_cli import parse_cli
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Attributes:
+    rows: batch rows (R).
+    seq_len: tokens per row (T).
+    repeats: timed iterations per path, alternating (the best is reported).
+    turns: rows (LLM calls) per trajectory.
+    seed: batch and model seed.
+    """
+
+    rows: int = 128
+    seq_len: int = 256
+    repeats: int = 3
+    turns: int = 8
+    seed: int = 0
+
+
+def windowed_batch(config: BenchConfig, vocab_size: int) -> dict[str, np.ndarray]:
+    """A loader-like windowed batch (the keys `sao_jax.train.steps.BATCH_KEYS` names)."""
+    rng = np.random.default_rng(config.seed)
+    r, t = config.rows, config.seq_len
+    lengths = rng.integers(min(200, t - 10), min(250, t) + 1, r)
+    actions = rng.integers(5, 10, r)
+    tokens = np.zeros((r, t), np.int32)
+    loss_mask = np.zeros((r, t), np.int32)
+    segment_ids = np.zeros((r, t), np.int32)
+    positions = np.zeros((r, t), np.int32)
+    rollout_logp = np.zeros((r, t), np.float32)
+    rewards = np.zeros((r, t), np.float32)
+    traj_index = np.arange(r, dtype=np.int32) // config.turns
+    turn_index = np.arange(r, dtype=np.int32) % config.turns
+    for row, (n, k) in enumerate(zip(lengths, actions, strict=True)):
+        tokens[row, :n] = rng.integers(3, vocab_size, n)
+        segment_ids[row, :n] = 1
+        positions[row, :n] = np.arange(n)
+        loss_mask[row, n - k : n] = 1
+        rollout_logp[row, n - k : n] = -rng.uniform(0.05, 1.5, k)
+        if turn_index[row] == config.turns - 1 or row == r - 1:
+            rewards[row, n - 1] = float(rng.random() < 0.5)
+    return {
+        "tokens": tokens,
+        "loss_mask": loss_mask,
+        "rollout_logp": rollout_logp,
+        "rewards": rewards,
+        "versions": np.zeros((r, t), np.int32),
+        "positions": positions,
+        "segment_ids": segment_ids,
+        "traj_index": traj_index,
+        "turn_index": turn_index,
+    }
+
+
+def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
+    """XLA's FLOP count of one iteration's programs: prepare + policy step + K critic steps."""
+    device_batch = learner._device_batch(batch)
+    fns = learner._functions(device_batch, learner._action_capacity(batch))
+    policy = (learner.policy_params, learner._policy_frozen)
+    critic = (learner.critic_params, learner._critic_frozen)
+    prepared = fns["prepare"](*policy, *critic, device_batch)
+    prepared_for_policy = (prepared["advantages"], prepared["behaviour_logp"])
+    prepared_for_critic = (prepared["returns"], prepared["values"])
+    programs = [
+        (fns["prepare"], (*policy, *critic, device_batch), 1),
+        (
+            fns["policy"],
+            (*policy, learner.policy_opt_state, device_batch, *prepared_for_policy),
+            1,
+        ),
+        (
+            fns["critic"],
+            (*critic, learner.critic_opt_state, device_batch, *prepared_for_critic),
+            learner.config.critic_steps,
+        ),
+    ]
+    total = 0.0
+    for fn, args, times in programs:
+        cost = fn.lower(*args).cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        total += times * float(cost["flops"])
+    return total
+
+
+def main(argv: list[str]) -> None:
+    config = parse_cli(argv, {"default": BenchConfig()}, prog="learner_throughput.py", save=False)
+    from experiments.alfworld_sao import tiny
+    from experiments.alfworld_setup import build_model, build_tokenizer
+    from sao_jax.train import objectives
+    from sao_jax.train.learner import Learner
+
+    experiment = dataclasses.replace(tiny(), seed=config.seed)
+    tokenizer = build_tokenizer(experiment)
+    batch = windowed_batch(config, tokenizer.vocab_size)
+    learner_config = dataclasses.replace(experiment.learner, critic_warmup_steps=0)
+    learners = {
+        where: Learner(
+            dataclasses.replace(learner_config, head_positions=where),
+            build_model(experiment, tokenizer),  # the same weights (seeded), own buffers
+        )
+        for where in ("all", "actions")
+    }
+    capacity = objectives.action_capacity_for(batch["loss_mask"])
+    num_actions = int((batch["loss_mask"][:, 1:] != 0).sum())
+    r, t = batch["tokens"].shape
+    model = learners["all"].model_config
+    head_positions = {"all": r * t, "actions": r * capacity}
+    print(
+        f"model: {model.num_layers} layers, d_model {model.d_model}, "
+        f"{model.num_experts} experts, vocab {model.vocab_size}; "
+        f"batch {r} x {t}, {num_actions} action tokens (K = {capacity} per row)",
+        flush=True,
+    )
+    for where, learner in learners.items():
+        start = time.perf_counter()
+        learner.iteration(batch)  # compiles
+        print(f"{where}: first iteration (compile) {time.perf_counter() - start:.1f} s", flush=True)
+    flops = {where: iteration_flops(learner, batch) for where, learner in learners.items()}
+    times: dict[str, list[float]] = {where: [] for where in learners}
+    loads = []
+    for _ in range(config.repeats):
+        for where, learner in learners.items():
+            loads.append(os.getloadavg()[0])
+            start = time.perf_counter()
+            learner.iteration(batch)
+            times[where].append(time.perf_counter() - start)
+    best = {where: min(ts) for where, ts in times.items()}
+    print(
+        f"\n| heads at | head positions | with signal | GFLOP / iteration | "
+        f"s / iteration (best of {config.repeats}) |"
+    )
+    print("|----------|---------------:|------------:|------------------:|------------:|")
+    for where in learners:
+        share = num_actions / head_positions[where]
+        print(
+            f"| {where:8} | {head_positions[where]:14,} | {share:10.1%} | "
+            f"{flops[where] / 1e9:17.1f} | {best[where]:11.3f} |"
+        )
+    print(
+        f"\nall / actions: {best['all'] / best['actions']:.2f}x faster per iteration, "
+        f"{flops['all'] / flops['actions']:.2f}x fewer FLOPs; all runs (s): {times}; "
+        f"load avg (1 min) during timing: {min(loads):.2f}..{max(loads):.2f}; "
+        f"{os.cpu_count()} CPUs, backend {jax.default_backend()}"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
