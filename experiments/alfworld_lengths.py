@@ -102,7 +102,7 @@ def check_sequence_lengths(config: ExperimentConfig, lengths: DemoLengths) -> li
     needs = row_needs(config, lengths)
     spec = config.warm_start
     phases = {"rl": config.rl}
-    if not config.model.hf_path and spec.steps > 0 and not spec.from_run:
+    if not config.model.hf_path and (spec.steps > 0 or spec.epochs > 0) and not spec.from_run:
         phases = {"warm_start": spec, **phases}
     starved, advice, warnings = [], [], []
     for name, phase in phases.items():
