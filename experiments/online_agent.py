@@ -51,7 +51,8 @@ class AgentConfig:
       concurrency: games played at once (threads; one session each).
       episodes: stop after this many finished games (0: until stopped).
       split, size, phrasing, max_steps, seed: ALFWorld games (`AlfworldEnv`); seed orders them.
-      history_length, think, win_reward, invalid_reply_penalty: the harness (`HarnessConfig`).
+      history_length, think, prompt_style, win_reward, invalid_reply_penalty: the harness
+        (`HarnessConfig`).
       max_tokens, temperature, top_p: decoding of every call.
       request_timeout_s: one completion's HTTP timeout (first calls wait for XLA compiles).
       max_retries: the openai client's retries of 429 / 5xx / connection errors.
@@ -71,6 +72,7 @@ class AgentConfig:
     seed: int = 0
     history_length: int = 1
     think: bool = False
+    prompt_style: str = "paper"
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
     max_tokens: int = 12
@@ -162,6 +164,7 @@ class Agent:
         self.harness_config = HarnessConfig(
             history_length=config.history_length,
             think=config.think,
+            prompt_style=config.prompt_style,
             win_reward=config.win_reward,
             invalid_reply_penalty=config.invalid_reply_penalty,
         )

@@ -53,6 +53,7 @@ def agent_config(config: OnlineConfig, url: str) -> AgentConfig:
         seed=env.seed + 1000 * config.seed,
         history_length=rollout.history_length,
         think=rollout.think,
+        prompt_style=rollout.prompt_style,
         win_reward=rollout.win_reward,
         invalid_reply_penalty=rollout.invalid_reply_penalty,
         max_tokens=rollout.max_new_tokens,

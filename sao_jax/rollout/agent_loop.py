@@ -34,6 +34,7 @@ from sao_jax.envs.alfworld import (
     GameSampler,
     parse_reply,
 )
+from sao_jax.envs.alfworld.harness import check_prompt_style
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
 from sao_jax.rollout.run_ids import (
@@ -60,6 +61,8 @@ class RolloutConfig:
     memory_line: (windowed) add a line under the task listing the receptacles looked into so
       far with the task's objects seen in them, from the episode's texts (off: the papers'
       prompt; see benchmarks/alfworld_experts.py for what it changes).
+    prompt_style: "paper" (the verl-agent / GiGPO / SEED wording) or "compact" (the same facts
+      in ~40% fewer tokens, for a model trained from scratch; `render_prompt`).
     win_reward, invalid_reply_penalty: reward on the winning step; added on a malformed reply.
     inadmissible_penalty: added when a well-formed reply's command is not one of the admissible
       commands the prompt lists ("Nothing happens."); 0 keeps the papers' reward (win and
@@ -82,6 +85,7 @@ class RolloutConfig:
     history_length: int = 2
     think: bool = False
     memory_line: bool = False
+    prompt_style: str = "paper"
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
     inadmissible_penalty: float = 0.0
@@ -111,6 +115,7 @@ class RolloutConfig:
             raise ValueError(
                 f"RolloutConfig.history_length must be >= 0, got {self.history_length}"
             )
+        check_prompt_style(self.prompt_style)
         if self.memory_line and self.layout != "windowed":
             raise ValueError("RolloutConfig.memory_line needs layout='windowed'")
         if self.max_new_tokens >= self.max_context_tokens:
@@ -247,6 +252,7 @@ class AgentLoop:
             history_length=config.history_length,
             think=config.think,
             memory_line=config.memory_line,
+            prompt_style=config.prompt_style,
         )
         self.stop_ids = tuple(tokenizer.stop_ids)
         stop_names = tuple(tokenizer.decode([i]) for i in self.stop_ids)

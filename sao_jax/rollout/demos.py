@@ -81,6 +81,7 @@ def collect_expert_demos(
         history_length=rollout.history_length,
         think=rollout.think,
         memory_line=rollout.memory_line,
+        prompt_style=rollout.prompt_style,
     )
     im_end = builder.im_end_id
     decoding = DecodingParams(

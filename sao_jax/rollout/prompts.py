@@ -21,6 +21,8 @@ from sao_jax.envs.alfworld.harness import (
     ACTION_INSTRUCTIONS,
     SYSTEM_LINE,
     THINK_INSTRUCTIONS,
+    check_prompt_style,
+    compact_actions_line,
     observation_text,
     render_prompt,
 )
@@ -31,8 +33,22 @@ from sao_jax.tokenizers.chat_template import CHATML_JINJA_TEMPLATE, IM_END, IM_S
 LAYOUTS = ("windowed", "concat")
 
 
-def followup_text(observation: str, admissible: Sequence[str], *, step: int, think: bool) -> str:
+def followup_text(
+    observation: str,
+    admissible: Sequence[str],
+    *,
+    step: int,
+    think: bool,
+    style: str = "paper",
+) -> str:
     """The user turn a concat episode appends after each step (the task is already above)."""
+    if style == "compact":
+        return "\n".join(
+            [
+                f"Step {step + 1}. Your current observation is: {observation_text(observation)}",
+                compact_actions_line(admissible),
+            ]
+        )
     actions = ", ".join(f"'{command}'" for command in admissible)
     return "\n".join(
         [
@@ -56,6 +72,7 @@ class PromptBuilder:
       think: ask for `<think>` reasoning before the action.
       memory_line: (windowed only) add the line of what the episode has seen beyond the window
         (`search_expert.memory_line`, from the history alone) under the task.
+      prompt_style: "paper" (the papers' wording) or "compact" (`render_prompt`).
     """
 
     def __init__(
@@ -66,7 +83,9 @@ class PromptBuilder:
         history_length: int,
         think: bool,
         memory_line: bool = False,
+        prompt_style: str = "paper",
     ):
+        check_prompt_style(prompt_style)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if memory_line and layout != "windowed":
@@ -76,17 +95,24 @@ class PromptBuilder:
             raise ValueError("the tokenizer has no single <|im_start|> / <|im_end|> tokens")
         self.tokenizer, self.layout = tokenizer, layout
         self.history_length, self.think = history_length, think
-        self.memory_line = memory_line
+        self.memory_line, self.prompt_style = memory_line, prompt_style
         self.im_end_id = im_end
         self.fingerprint = template_fingerprint(
-            layout, history_length, think, memory_line=memory_line
+            layout, history_length, think, memory_line=memory_line, prompt_style=prompt_style
         )
 
     def first(self, task: str, observation: str, admissible: Sequence[str]) -> list[int]:
         """Turn 0's input ids (both layouts): the harness prompt as one user turn."""
         memory = episode_memory(observation, [], task=task) if self.memory_line else None
         return self._chat(
-            render_prompt(task, observation, admissible, think=self.think, memory=memory)
+            render_prompt(
+                task,
+                observation,
+                admissible,
+                think=self.think,
+                memory=memory,
+                style=self.prompt_style,
+            )
         )
 
     def next(
@@ -120,13 +146,16 @@ class PromptBuilder:
                 history_length=self.history_length,
                 think=self.think,
                 memory=memory,
+                style=self.prompt_style,
             )
             return self._chat(prompt)
         ids = list(previous_input) + list(previous_output)
         # A reply cut by the token limit never closed its turn; ChatML needs the marker.
         if not previous_output or previous_output[-1] != self.im_end_id:
             ids.append(self.im_end_id)
-        text = followup_text(observation, admissible, step=len(history), think=self.think)
+        text = followup_text(
+            observation, admissible, step=len(history), think=self.think, style=self.prompt_style
+        )
         ids += self.tokenizer.encode(f"\n{IM_START}user\n{text}{IM_END}\n{IM_START}assistant\n")
         return ids
 
@@ -135,10 +164,15 @@ class PromptBuilder:
 
 
 def template_fingerprint(
-    layout: str, history_length: int, think: bool, *, memory_line: bool = False
+    layout: str,
+    history_length: int,
+    think: bool,
+    *,
+    memory_line: bool = False,
+    prompt_style: str = "paper",
 ) -> str:
     """A short stable hash of everything that shapes a prompt, recorded with every LLM call
-    (prompts without the memory line hash as they did before it existed)."""
+    (the papers' prompts without the memory line hash as they did before either existed)."""
     parts = [
         SYSTEM_LINE,
         THINK_INSTRUCTIONS if think else ACTION_INSTRUCTIONS,
@@ -148,4 +182,6 @@ def template_fingerprint(
     ]
     if memory_line:
         parts.append("memory_line")
+    if prompt_style != "paper":
+        parts.append(f"style={prompt_style}")
     return "alfworld-" + hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]

@@ -15,6 +15,7 @@ from sao_jax.envs.alfworld.harness import (
     render_prompt,
 )
 from sao_jax.envs.alfworld.vocabulary import split_words, vocabulary
+from sao_jax.seed import records
 
 OPENING = (
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
@@ -143,7 +144,12 @@ def test_vocabulary_covers_every_text_of_random_and_expert_play():
         for size in ("small", "full"):
             env = AlfworldEnv("train", size=size, phrasing=phrasing, expert_in_info=True)
             harness = AlfworldHarness(
-                env, HarnessConfig(history_length=2, memory_line=size == "small")
+                env,
+                HarnessConfig(
+                    history_length=2,
+                    memory_line=size == "small",
+                    prompt_style="compact" if phrasing == "0.3" else "paper",
+                ),
             )
             for _ in range(40):
                 prompt, info = harness.reset()
@@ -165,3 +171,38 @@ def test_split_words_separates_punctuation():
         "<", "action", ">", "go", "to", "loc", "2", "<", "/", "action", ">",
     ]  # fmt: skip
     assert "101" not in vocabulary() and "101" in vocabulary(max_number=101)
+
+
+def test_the_compact_prompt_keeps_every_fact_in_about_half_the_words():
+    history = [
+        (OPENING, "go to fridge 1"),
+        ("You arrive at fridge 1. The fridge 1 is closed.", "open fridge 1"),
+    ]
+    observation = "You open the fridge 1. The fridge 1 is open. In it, you see a mug 2."
+    admissible = ["close fridge 1", "go to sinkbasin 1", "take mug 2 from fridge 1"]
+    kwargs = dict(history=history, step=2, history_length=1, think=False)
+    paper = render_prompt("put a mug in fridge", observation, admissible, **kwargs)
+    compact = render_prompt(
+        "put a mug in fridge", observation, admissible, style="compact", **kwargs
+    )
+    assert compact.splitlines() == [
+        "Your task is to: put a mug in fridge.",
+        "Step 3. Observation 2: You arrive at fridge 1. The fridge 1 is closed. Action 2: open "
+        "fridge 1.",
+        f"Your current observation is: {observation}",
+        "Your admissible actions are: close fridge 1, go to sinkbasin 1, take mug 2 from fridge 1.",
+    ]
+    assert len(split_words(compact)) < 0.65 * len(split_words(paper))
+    first = render_prompt("put a mug in fridge", OPENING, admissible, style="compact")
+    assert "Step" not in first and "Welcome" not in first and "fridge 1, and a sinkbasin 1" in first
+    # SEED reads the task and the observation back from either style
+    for prompt in (paper, compact):
+        assert records._TASK.search(prompt).group(1) == "put a mug in fridge"
+        assert records._OBSERVATION.search(prompt).group(1).strip() == observation
+    with pytest.raises(ValueError, match="prompt style must be one of"):
+        render_prompt("put a mug in fridge", OPENING, admissible, style="terse")
+    harness = AlfworldHarness(
+        AlfworldEnv("train", size="small"), HarnessConfig(prompt_style="compact")
+    )
+    prompt, _ = harness.reset(3)
+    assert prompt.startswith("Your task is to: ") and "admissible actions are: " in prompt

@@ -23,6 +23,7 @@ from atdp_io import EventKind
 from sao_jax.envs.alfworld import AlfworldHarness, HarnessConfig
 from sao_jax.rollout import AgentLoop, RolloutConfig, WeightPublisher, sync_sampler
 from sao_jax.rollout.agent_loop import _reply_penalty
+from sao_jax.rollout.prompts import template_fingerprint
 
 
 def play(config, *, episodes=NUM_ENVS, env=None, games=None, **kwargs):
@@ -72,13 +73,14 @@ def test_windowed_rows_equal_sampler_output_and_forward_pass(tmp_path):
     check_rows_against_turns(batch, [[(t.input_ids.shape[0], t)] for t in turns])
 
 
-def test_windowed_prompts_are_the_harness_prompts():
+@pytest.mark.parametrize("style", ["paper", "compact"])
+def test_windowed_prompts_are_the_harness_prompts(style):
     """Turn k's input decodes to the chat-templated `AlfworldHarness` prompt after the same
     commands, and rewards follow the harness's rules."""
-    config = rollout_config(layout="windowed", history_length=2)
+    config = rollout_config(layout="windowed", history_length=2, prompt_style=style)
     (episode, *_), _ = play(config, episodes=1)
     env = env_config().make_envs(1)[0]
-    harness = AlfworldHarness(env, HarnessConfig(history_length=2, think=False))
+    harness = AlfworldHarness(env, HarnessConfig(history_length=2, think=False, prompt_style=style))
     prompt, _ = harness.reset(episode.game_index)
     tok = tokenizer()
     for turn in episode.turns:
@@ -129,6 +131,24 @@ def test_concat_prefix_property_single_row_and_truncation(tmp_path, monkeypatch)
     check_rows_against_turns(
         batch, [[(t.input_ids.shape[0], t) for t in e.turns] for e in episodes]
     )
+
+
+def test_compact_concat_turns_append_only_the_new_observation_and_actions():
+    config = rollout_config(layout="concat", prompt_style="compact")
+    episodes, _ = play(config, episodes=2, env=env_config(max_steps=3))
+    tok = tokenizer()
+    for episode in episodes:
+        first = tok.decode(episode.turns[0].input_ids)
+        assert "Your task is to: " in first and "You are an expert agent" not in first
+        for k, (prev, turn) in enumerate(zip(episode.turns, episode.turns[1:], strict=False)):
+            context = np.concatenate([prev.input_ids, prev.output_ids])
+            np.testing.assert_array_equal(turn.input_ids[: context.shape[0]], context)
+            appended = tok.decode(turn.input_ids[context.shape[0] :])
+            assert f"<|im_start|>user\nStep {k + 2}. Your current observation is: " in appended
+            assert "Your admissible actions are: " in appended and "Now it's" not in appended
+    recorded = {e.template_fingerprint for e in episodes}
+    assert recorded == {template_fingerprint("concat", 2, False, prompt_style="compact")}
+    assert recorded != {template_fingerprint("concat", 2, False)}  # the style is recorded
 
 
 def test_group_sampling_plays_each_game_g_times_and_writes_groups_contiguously(tmp_path):

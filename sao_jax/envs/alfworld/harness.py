@@ -46,6 +46,7 @@ def render_prompt(
     history_length: int = 2,
     think: bool = True,
     memory: str | None = None,
+    style: str = "paper",
 ) -> str:
     """The user prompt for one turn.
 
@@ -60,9 +61,16 @@ def render_prompt(
       think: ask for `<think>` reasoning before the action.
       memory: an optional line shown under the task (e.g. `search_expert.memory_line`: what
         the episode has seen beyond the window); None: none.
+      style: "paper" (the verl-agent / GiGPO / SEED wording) or "compact": the same facts
+        (task, step, the last h pairs, observation, admissible actions) without the system
+        line, the framing sentences and the reply instructions -- about 40% fewer tokens, for
+        a model trained from scratch, which learns the reply format from demonstrations.
     """
     if history_length < 0:
         raise ValueError(f"history_length must be >= 0, got {history_length}")
+    check_prompt_style(style)
+    if style == "compact":
+        return _compact_prompt(task, observation, admissible, history, step, history_length, memory)
     lines = [f"{SYSTEM_LINE} Your task is to: {task}."]
     if memory:
         lines.append(memory)
@@ -88,6 +96,39 @@ def render_prompt(
     lines.append("")
     lines.append("Now it's your turn to take an action.")
     lines.append(THINK_INSTRUCTIONS if think else ACTION_INSTRUCTIONS)
+    return "\n".join(lines)
+
+
+PROMPT_STYLES = ("paper", "compact")
+
+
+def check_prompt_style(style: str) -> None:
+    """A ValueError naming the known styles for any other."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+
+
+def compact_actions_line(admissible: Sequence[str]) -> str:
+    """The compact prompt's last line (also the end of a compact concat turn)."""
+    return f"Your admissible actions are: {', '.join(admissible)}."
+
+
+def _compact_prompt(task, observation, admissible, history, step, history_length, memory) -> str:
+    # The anchors SEED's records read stay: "Your task is to: X." ends a line, and the
+    # observation runs from "current observation is: " to the line "Your admissible ...".
+    lines = [f"Your task is to: {task}."]
+    if memory:
+        lines.append(memory)
+    shown = list(history)[max(0, len(history) - history_length) :] if history_length else []
+    if step > 0:
+        first = len(history) - len(shown) + 1
+        pairs = " ".join(
+            f"Observation {first + k}: {observation_text(obs)} Action {first + k}: {action}."
+            for k, (obs, action) in enumerate(shown)
+        )
+        lines.append(f"Step {step + 1}. {pairs}".rstrip())
+    lines.append(f"Your current observation is: {observation_text(observation)}")
+    lines.append(compact_actions_line(admissible))
     return "\n".join(lines)
 
 
@@ -134,11 +175,13 @@ class HarnessConfig:
 
     memory_line: add a line under the task with what the episode has seen beyond the window
       (`search_expert.memory_line`: receptacles looked into, with the task's objects in them).
+    prompt_style: "paper" or "compact" (`render_prompt`).
     """
 
     history_length: int = 2
     think: bool = True
     memory_line: bool = False
+    prompt_style: str = "paper"
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
 
@@ -172,6 +215,7 @@ class AlfworldHarness:
             step=len(self.history),
             history_length=self.config.history_length,
             think=self.config.think,
+            style=self.config.prompt_style,
             memory=(
                 memory_line(self.env.opening, self.env.transcript)
                 if self.config.memory_line

@@ -67,6 +67,12 @@ def vocabulary(*, max_number: int = 100) -> list[str]:
                 o, o, [o, o], history=history[:step], step=step, history_length=h, think=think
             )
             samples.append(prompt)
+    for step in (0, 3):  # the compact prompt style
+        samples.append(
+            harness.render_prompt(
+                o, o, [o, o], history=history[:step], step=step, history_length=1, style="compact"
+            )
+        )
     words = {w for text in samples for w in split_words(text)}
     words |= {str(n) for n in range(max_number + 1)}
     return sorted(words)
