@@ -191,28 +191,22 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
     start = time.perf_counter()
     train_games, held_games = heldout_games(spec.heldout_episodes)
     env = dataclasses.replace(config.env, seed=config.env.seed + run.seed_offset())
-    with run.store.writer(run.tenant(DEMOS)) as writer:  # each process its share
-        demos = collect_expert_demos(
-            writer,
-            run.tokenizer,
-            num_episodes=run.share(spec.demo_episodes),
-            rollout=config.rollout,
-            env=env,
-            run_id=run.tenant(f"demos-{config.seed}"),
-            indices=train_games,
-        )
-    if spec.heldout_episodes:
-        with run.store.writer(run.tenant(HELDOUT)) as writer:
-            collect_expert_demos(
+
+    def collect(tenant: str, episodes: int, prefix: str, games: range) -> dict:
+        with run.store.writer(run.tenant(tenant)) as writer:  # each process its share
+            return collect_expert_demos(
                 writer,
                 run.tokenizer,
-                num_episodes=run.share(spec.heldout_episodes),
+                num_episodes=run.share(episodes),
                 rollout=config.rollout,
                 env=env,
-                run_id=run.tenant(f"heldout-{config.seed}"),
-                indices=held_games,
+                run_id=run.tenant(f"{prefix}-{config.seed}"),
+                indices=games,
             )
-    demos = run.combined_stats(demos)
+
+    demos = run.combined_stats(collect(DEMOS, spec.demo_episodes, "demos", train_games))
+    if spec.heldout_episodes:
+        collect(HELDOUT, spec.heldout_episodes, "heldout", held_games)
     # every demo measured (the command line checked a sample): fail here, not in the loader
     lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
     check_sequence_lengths(config, lengths)

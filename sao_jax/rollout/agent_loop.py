@@ -246,14 +246,7 @@ class AgentLoop:
             longest = rollout_episode_id(run_id, worker_id, MAX_GROUPS, config.group_size - 1)
             check_run_id(run_id, (shortest, longest), owner="AgentLoop")
         self.run_id = run_id
-        self.prompts = PromptBuilder(
-            tokenizer,
-            config.layout,
-            history_length=config.history_length,
-            think=config.think,
-            memory_line=config.memory_line,
-            prompt_style=config.prompt_style,
-        )
+        self.prompts = PromptBuilder.for_rollout(tokenizer, config)
         self.stop_ids = tuple(tokenizer.stop_ids)
         stop_names = tuple(tokenizer.decode([i]) for i in self.stop_ids)
         self.decoding = DecodingParams(

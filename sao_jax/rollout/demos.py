@@ -75,14 +75,7 @@ def collect_expert_demos(
     else:
         ids = (demo_episode_id(run_id, 0), demo_episode_id(run_id, num_episodes - 1))
         check_run_id(run_id, ids, owner="collect_expert_demos")
-    builder = PromptBuilder(
-        tokenizer,
-        rollout.layout,
-        history_length=rollout.history_length,
-        think=rollout.think,
-        memory_line=rollout.memory_line,
-        prompt_style=rollout.prompt_style,
-    )
+    builder = PromptBuilder.for_rollout(tokenizer, rollout)
     im_end = builder.im_end_id
     decoding = DecodingParams(
         temperature=0.0, extra={"logprobs": "absent", "policy": f"expert-{env.expert}"}

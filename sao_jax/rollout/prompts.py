@@ -101,6 +101,19 @@ class PromptBuilder:
             layout, history_length, think, memory_line=memory_line, prompt_style=prompt_style
         )
 
+    @classmethod
+    def for_rollout(cls, tokenizer: Tokenizer, rollout) -> PromptBuilder:
+        """The builder of a `RolloutConfig`'s prompts (its layout, h, think, memory line and
+        style)."""
+        return cls(
+            tokenizer,
+            rollout.layout,
+            history_length=rollout.history_length,
+            think=rollout.think,
+            memory_line=rollout.memory_line,
+            prompt_style=rollout.prompt_style,
+        )
+
     def first(self, task: str, observation: str, admissible: Sequence[str]) -> list[int]:
         """Turn 0's input ids (both layouts): the harness prompt as one user turn."""
         memory = episode_memory(observation, [], task=task) if self.memory_line else None
