@@ -85,7 +85,7 @@ class WarmStartSpec:
         end only).
       epochs: cloning length in passes over the demonstrations' rows (0: `steps` decides);
         `bc/epoch` logs how far it got.
-      steps: behaviour-cloning steps when `epochs` is 0 (both 0: no cloning).
+      steps: behaviour-cloning steps when `epochs` is 0 (`epochs=0 steps=0`: no cloning).
       rows: rows per cloning batch.
       seq_len: tokens per row (0: sized to the longest demonstrated row of this run's prompts,
         measured on expert games before anything runs, so no demonstration is dropped).
@@ -216,7 +216,8 @@ class ExperimentConfig:
 def tiny() -> ExperimentConfig:
     """The 2-core CPU demo: the tiny MoE preset with 4 experts on small games, ~20 minutes.
 
-    Clone 2000 expert episodes (300 steps), then 50 policy steps of asynchronous SAO.
+    Clone 2000 episodes of the observation-only search expert for 2 epochs (~1,080 steps, rows
+    sized to every demo, compact prompts), then 50 policy steps of asynchronous SAO.
     """
     return ExperimentConfig(
         model=ModelSpec(
@@ -226,7 +227,11 @@ def tiny() -> ExperimentConfig:
             capacity_factor=0.0,
         ),
         rollout=RolloutConfig(
-            history_length=1, max_new_tokens=12, max_context_tokens=512, decode_chunk=8
+            history_length=1,
+            prompt_style="compact",  # the papers' facts in ~half the tokens (a model from scratch)
+            max_new_tokens=12,
+            max_context_tokens=512,
+            decode_chunk=8,
         ),
         env=EnvConfig(size="small", max_steps=20),
         learner=LearnerConfig(

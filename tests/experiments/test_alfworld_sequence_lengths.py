@@ -25,8 +25,12 @@ from sao_jax.rollout import collect_expert_demos
 ONE_SHARD = grain.sharding.ShardOptions(shard_index=0, shard_count=1)
 
 
+# The papers' longer prompt wording: its rows straddle 256 tokens, which these checks need.
+PAPER = "rollout.prompt_style=paper"
+
+
 def _config(tmp_path, *overrides):
-    return alfworld_sao.parse(["--out", str(tmp_path / "run"), "progress=false", *overrides])
+    return alfworld_sao.parse(["--out", str(tmp_path / "run"), "progress=false", PAPER, *overrides])
 
 
 def _lengths(config, num_episodes=64):
@@ -41,6 +45,7 @@ def test_a_longer_history_stops_at_the_command_line_and_its_advice_works(tmp_pat
         "--out",
         str(tmp_path / "run"),
         "progress=false",
+        PAPER,
         "rollout.history_length=2",
         "warm_start.seq_len=256",
         "rl.seq_len=256",
@@ -103,7 +108,7 @@ def test_without_behaviour_cloning_only_the_rl_batches_are_checked(tmp_path):
     with pytest.raises(SequenceLengthError, match=r"warm_start\.seq_len=256 x warm_start\.rows"):
         check_sequence_lengths(config, lengths)
     no_cloning = dataclasses.replace(
-        config, warm_start=dataclasses.replace(config.warm_start, steps=0)
+        config, warm_start=dataclasses.replace(config.warm_start, steps=0, epochs=0.0)
     )
     assert check_sequence_lengths(no_cloning, lengths) == []
     too_few_rows = dataclasses.replace(no_cloning, rl=dataclasses.replace(config.rl, rows=1))
