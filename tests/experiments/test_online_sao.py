@@ -124,7 +124,8 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
 @pytest.mark.slow
 def test_ctrl_c_stops_the_agent_and_the_server_and_leaves_nothing_running(tmp_path):
     out = tmp_path / "run"
-    argv = [*MICRO, "--out", str(out), "online.policy_steps=50", "eval.num_games=1"]
+    # more policy steps than the run can take before the interrupt: it must not end by itself
+    argv = [*MICRO, "--out", str(out), "online.policy_steps=5000", "eval.num_games=1"]
     # a job started in the background ignores SIGINT; a terminal's foreground job does not
     launcher = (
         "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -162,8 +163,12 @@ def _harness_prompts(config, episode) -> list[str]:
         config.env.split, size=config.env.size, phrasing=config.env.phrasing,
         max_steps=config.env.max_steps,
     )  # fmt: skip
-    harness = AlfworldHarness(
-        env, HarnessConfig(history_length=config.rollout.history_length, think=False)
+    rollout = config.rollout
+    harness = AlfworldHarness(  # the run's prompt settings, which the agent was given
+        env,
+        HarnessConfig(
+            history_length=rollout.history_length, think=False, prompt_style=rollout.prompt_style
+        ),
     )
     prompt, _ = harness.reset(episode["game"])
     prompts = [prompt]
