@@ -31,6 +31,7 @@ import re
 import sys
 from collections import Counter, defaultdict
 
+from sao_jax.config_cli import parse_cli
 from sao_jax.envs.alfworld import (
     SIZES,
     SPLITS,
@@ -51,16 +52,19 @@ _STEP_NUMBERS = re.compile(r"(taken |Observation |Action |at step )\d+")
 PROMPTS = ((1, False), (2, False), (1, True), (2, True))
 
 
-def parse_args(argv: list[str]) -> dict[str, str]:
-    args = {"games": "300", "twins": "4", "detour": "0.2", "replays": "4"}
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key not in args or not value:
-            raise SystemExit(
-                f"unknown argument {arg!r}; expected key=value with key in {sorted(args)}"
-            )
-        args[key] = value
-    return args
+@dataclasses.dataclass
+class BenchConfig:
+    """Attributes:
+    games: first games of every split each expert plays per size.
+    twins: copies of each train game with every object moved (same opening prompt).
+    detour: probability that a move of a replayed world is a random admissible one.
+    replays: replays of each world with detours.
+    """
+
+    games: int = 300
+    twins: int = 4
+    detour: float = 0.2
+    replays: int = 4
 
 
 def relocated(game: Game, rng: random.Random) -> Game:
@@ -128,16 +132,14 @@ def ambiguity(groups) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    args = parse_args(argv)
-    n_games, n_twins, detour = int(args["games"]), int(args["twins"]), float(args["detour"])
-    n_replays = int(args["replays"])
+    bench = parse_cli(argv, {"default": BenchConfig()}, prog="alfworld_experts.py", save=False)
+    n_games, n_twins, detour, n_replays = bench.games, bench.twins, bench.detour, bench.replays
     print("## Success and steps (all splits, first games of each)\n")
     print("| expert | size | " + " | ".join(SHORT[t] for t in TASK_TYPES) + " | all |")
     print("|---|---|" + "---:|" * (len(TASK_TYPES) + 1))
     plain_groups = {}
     for expert in EXPERTS:
         for size in SIZES:
-            env = AlfworldEnv("train", size=size, expert=expert)
             groups = defaultdict(lambda: defaultdict(Counter))
             results: dict[str, list[tuple[bool, int]]] = defaultdict(list)
             for split in SPLITS:

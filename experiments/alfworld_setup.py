@@ -104,7 +104,8 @@ class Run:
         self.mesh = self.job.mesh
         # a seq_len left at 0 is sized from expert games of this run's prompts (every process
         # measures the same games, so all agree)
-        config = sized_config(config, build_tokenizer(config))
+        self.tokenizer = build_tokenizer(config)
+        config = sized_config(config, self.tokenizer)
         self.config = resolve(config)
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +113,6 @@ class Run:
         self.checkpointer = Checkpointer(
             config.checkpoint_dir or self.out / "checkpoints", max_to_keep=config.checkpoint_keep
         )
-        self.tokenizer = build_tokenizer(config)
         self.policy = build_model(config, self.tokenizer, self.mesh)
         # Several processes: each samples on a mesh of its own devices (its engine's decode
         # steps are then its own business) and receives weights resharded there.
