@@ -50,6 +50,9 @@ DEFAULT_RULES: LogicalRules = (
     ("experts", "expert"),
     ("expert_mlp", "tensor"),
     ("norm", None),
+    # the stacked-layer axis of `ModelConfig(scan_layers=True)` parameters: never sharded (the
+    # scan slices one layer per step; splitting it would gather a layer per step)
+    ("layers", None),
     # KV cache [batch, length, kv_heads, head_dim]
     ("cache_batch", ("data", "fsdp", "expert")),
     ("cache_length", None),

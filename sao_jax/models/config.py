@@ -13,6 +13,41 @@ import jax.numpy as jnp
 
 MoeDispatch = Literal["sorted_capacity", "ragged_dot", "expert_parallel"]
 
+# Rematerialisation policies of a decoder layer's backward pass (`ModelConfig.remat`; the
+# memory plan's `Workload.remat` takes the same names):
+# - "none": no checkpoint; every intermediate of every layer lives until the backward pass.
+# - "full": `jax.checkpoint` per layer, nothing saved: each layer's input is kept and the layer
+#   is recomputed in the backward pass.
+# - "dots_with_no_batch_dims": per-layer checkpoint saving the outputs of matmuls without batch
+#   dimensions (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`): the q/k/v/o, router
+#   and dense-MLP projections; attention scores and expert einsums (batched) are recomputed.
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_with_no_batch_dims")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGroup:
+    """A run of consecutive decoder layers of one kind, stacked under `scan_layers`.
+
+    name: `{kind}_group{k}` (k counts groups of every kind in layer order), the group's
+    parameter path under `layers/`; layers start..stop-1.
+    """
+
+    name: str
+    is_moe: bool
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def check_remat(name: str, owner: str = "ModelConfig.remat") -> str:
+    """`name` if it is one of `REMAT_POLICIES`, else a ValueError naming the choices."""
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"{owner} must be one of {REMAT_POLICIES}, got {name!r}")
+    return name
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -46,6 +81,12 @@ class ModelConfig:
       initializer_range: stddev of the normal initialiser of projection weights.
       dtype: compute dtype of activations ("float32" or "bfloat16").
       param_dtype: storage dtype of parameters.
+      scan_layers: stack consecutive layers of one kind (MoE / dense) into groups and run each
+        group with `jax.lax.scan`, so compile time and program size do not grow with depth;
+        parameters live at `layers/{kind}_group{k}/...` with a leading layer axis (False: one
+        module per layer at `layers/{i}/...`, run in a Python loop).
+      remat: rematerialisation policy of each layer's backward pass, one of `REMAT_POLICIES`
+        ("none", "full", "dots_with_no_batch_dims"); applies with and without scan_layers.
     """
 
     vocab_size: int
@@ -72,6 +113,8 @@ class ModelConfig:
     initializer_range: float = 0.02
     dtype: str = "float32"
     param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
 
     def __post_init__(self):
         positive = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim")
@@ -98,11 +141,24 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"ModelConfig.{name} must be float32/bfloat16/float16")
+        check_remat(self.remat)
         object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` uses the routed MoE feed-forward."""
         return self.num_experts > 0 and layer not in self.dense_layers
+
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        """Maximal runs of consecutive layers of the same kind, in layer order."""
+        groups: list[LayerGroup] = []
+        start = 0
+        for layer in range(1, self.num_layers + 1):
+            if layer == self.num_layers or self.is_moe_layer(layer) != self.is_moe_layer(start):
+                moe = self.is_moe_layer(start)
+                name = f"{'moe' if moe else 'dense'}_group{len(groups)}"
+                groups.append(LayerGroup(name, moe, start, layer))
+                start = layer
+        return tuple(groups)
 
     @property
     def compute_dtype(self) -> jnp.dtype:

@@ -8,6 +8,10 @@ weights come in two layouts, both read here:
   `model.layers.{i}.mlp.experts.gate_up_proj` [E, 2F, D] (gate rows first) and
   `model.layers.{i}.mlp.experts.down_proj` [E, D, F].
 torch Linear weights are [out, in]; ours are [in, out], hence the transposes.
+
+A model with `scan_layers=True` stores each group of layers stacked (`layers/moe_group0/...`,
+leading layer axis): import stacks the group's per-layer tensors (with a mesh, each device
+reads only the layers and slices of its own shard), export slices one layer at a time.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from flax import nnx
 
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.safetensors_io import CheckpointError, SafetensorsReader, write_safetensors_dir
-from sao_jax.models.transformer import Transformer
+from sao_jax.models.transformer import Transformer, unstack_layer_params
 from sao_jax.sharding import LogicalRules, state_shardings
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -165,6 +169,30 @@ class _Importer:
             [self._get(f"{prefix}.{j}.{name}.weight").T for j in range(self.config.num_experts)]
         )
 
+    def group_layers(self, path: tuple) -> range | None:
+        """Layers stacked in the scanned parameter `path` (None: not a stacked parameter)."""
+        if path[0] != "layers" or isinstance(path[1], int) or str(path[1]).isdigit():
+            return None
+        for group in self.config.layer_groups():
+            if group.name == path[1]:
+                return range(group.start, group.stop)
+        raise CheckpointError(f"no layer group {path[1]!r} in this config (parameter {path})")
+
+    def read_stacked(self, path: tuple, index: tuple[slice, ...], shape: tuple[int, ...]):
+        """Block `index` of the stacked parameter `path` of `shape`, one layer at a time."""
+        layers = self.group_layers(path)
+        key = "/".join(map(str, path))
+        blocks = []
+        for i in list(layers)[index[0]]:
+            array = self.read(("layers", i, *path[2:]))
+            if tuple(array.shape) != tuple(shape[1:]):
+                raise CheckpointError(
+                    f"{self.reader.directory}: shape mismatch for {key} (layer {i}): checkpoint "
+                    f"gives {tuple(array.shape)}, config.json implies {tuple(shape[1:])}"
+                )
+            blocks.append(np.asarray(array[index[1:]]))
+        return np.stack(blocks)
+
     def read(self, path: tuple) -> np.ndarray:
         if path == ("embed", "embedding"):
             return self._get("model.embed_tokens.weight")
@@ -227,6 +255,20 @@ def load_hf_qwen3_moe(
     flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
     for param_path, variable in nnx.to_flat_state(state):
         expected = variable.get_value()
+        sharding = flat_shardings[param_path].get_value() if shardings is not None else None
+        if importer.group_layers(param_path) is not None:
+            shape = tuple(expected.shape)
+
+            def block(index, path=param_path, shape=shape, dtype=expected.dtype):
+                index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+                return importer.read_stacked(path, index, shape).astype(dtype)
+
+            if sharding is None:
+                array = block((slice(None),) * len(shape))
+                variable.set_value(jax.device_put(array))
+            else:
+                variable.set_value(jax.make_array_from_callback(shape, sharding, block))
+            continue
         array = importer.read(param_path)
         if tuple(array.shape) != tuple(expected.shape):
             key = "/".join(map(str, param_path))
@@ -235,7 +277,6 @@ def load_hf_qwen3_moe(
                 f"config.json implies {tuple(expected.shape)}"
             )
         array = np.asarray(array).astype(expected.dtype)
-        sharding = flat_shardings[param_path].get_value() if shardings is not None else None
         variable.set_value(jax.device_put(array, sharding))
     unused = [
         k
@@ -252,27 +293,50 @@ def load_hf_qwen3_moe(
     return nnx.merge(graphdef, state)
 
 
+_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+class _LayerSlice:
+    """A stacked parameter, indexed lazily: `view[j][...]` is layer j's array (on device)."""
+
+    def __init__(self, variable: nnx.Variable, layer: int | None = None):
+        self.variable, self.layer = variable, layer
+
+    def __getitem__(self, key):
+        if self.layer is None:
+            return _LayerSlice(self.variable, key)
+        return self.variable[...][self.layer][key]
+
+
 def _export_tensors(
     model: Transformer, dtype: np.dtype, fused_experts: bool
 ) -> Iterator[tuple[str, np.ndarray]]:
     config = model.config
     host: Callable[[Any], np.ndarray] = lambda v: np.asarray(jax.device_get(v[...])).astype(dtype)  # noqa: E731
+    flat = {path: v for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    if config.scan_layers:
+        # Lazy per-layer views of the stacked arrays: one layer is sliced (on device) and
+        # copied to the host at a time, never the whole stack.
+        flat = unstack_layer_params(config, {p: _LayerSlice(v) for p, v in flat.items()})
+
+    def layer_param(i: int, *rest: str) -> np.ndarray:
+        return host(flat[("layers", i, *rest)])
+
     yield "model.embed_tokens.weight", host(model.embed.embedding)
-    for i, layer in enumerate(model.layers):
+    for i in range(config.num_layers):
         p = _hf_layer(i)
-        yield f"{p}.input_layernorm.weight", host(layer.attn_norm.scale)
-        yield f"{p}.post_attention_layernorm.weight", host(layer.ffn_norm.scale)
+        yield f"{p}.input_layernorm.weight", layer_param(i, "attn_norm", "scale")
+        yield f"{p}.post_attention_layernorm.weight", layer_param(i, "ffn_norm", "scale")
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            yield f"{p}.self_attn.{name}.weight", host(getattr(layer.attn, name).kernel).T
-        yield f"{p}.self_attn.q_norm.weight", host(layer.attn.q_norm.scale)
-        yield f"{p}.self_attn.k_norm.weight", host(layer.attn.k_norm.scale)
-        if not layer.is_moe:
+            yield f"{p}.self_attn.{name}.weight", layer_param(i, "attn", name, "kernel").T
+        yield f"{p}.self_attn.q_norm.weight", layer_param(i, "attn", "q_norm", "scale")
+        yield f"{p}.self_attn.k_norm.weight", layer_param(i, "attn", "k_norm", "scale")
+        if not config.is_moe_layer(i):
             for name in ("gate_proj", "up_proj", "down_proj"):
-                yield f"{p}.mlp.{name}.weight", host(getattr(layer.mlp, name).kernel).T
+                yield f"{p}.mlp.{name}.weight", layer_param(i, "mlp", name, "kernel").T
             continue
-        yield f"{p}.mlp.gate.weight", host(layer.moe.router.kernel).T
-        experts = layer.moe.experts
-        gate, up, down = (host(experts.gate_proj), host(experts.up_proj), host(experts.down_proj))
+        yield f"{p}.mlp.gate.weight", layer_param(i, "moe", "router", "kernel").T
+        gate, up, down = (layer_param(i, "moe", "experts", n) for n in _EXPERT_NAMES)
         if fused_experts:
             gate_up = np.concatenate([gate, up], axis=2)  # [E, D, 2F]
             yield f"{p}.mlp.experts.gate_up_proj", np.ascontiguousarray(np.swapaxes(gate_up, 1, 2))

@@ -62,6 +62,23 @@ class MoeAux:
             dropped_fraction=mean("dropped_fraction"),
         )
 
+    @classmethod
+    def from_stacked(cls, stats: Sequence[MoeStats]) -> MoeAux:
+        """Like `from_layers`, from per-group stats whose fields carry a leading layer axis
+        (the scanned layers' outputs), groups in layer order."""
+        if not stats:
+            return cls.from_layers(())
+
+        def cat(name: str) -> jax.Array:
+            return jnp.concatenate([getattr(s, name) for s in stats], axis=0)
+
+        return cls(
+            load_balance_loss=jnp.mean(cat("load_balance_loss")),
+            router_z_loss=jnp.mean(cat("router_z_loss")),
+            expert_load=cat("expert_load"),
+            dropped_fraction=jnp.mean(cat("dropped_fraction")),
+        )
+
     def weighted_loss(self, config: ModelConfig) -> jax.Array:
         """The auxiliary loss to add to a training objective, with the config's weights."""
         return (
