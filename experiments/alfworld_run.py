@@ -146,7 +146,8 @@ def _evaluate(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, splits) 
 def critic_warmup(run: Run, log: MetricsWriter, learner: Learner, publisher) -> None:
     """Critic-only iterations on rollouts of the starting policy, played synchronously (the
     policy version cannot advance while only the critic trains, so an asynchronous engine's
-    admission would stall)."""
+    admission would stall); with `rl.critic_head_fit` the value head is first set to the
+    least-squares fit of those rollouts' Monte-Carlo returns (`Learner.fit_value_head`)."""
     rl, config = run.config.rl, run.config
     if not learner.in_warmup:
         return
@@ -157,6 +158,9 @@ def critic_warmup(run: Run, log: MetricsWriter, learner: Learner, publisher) -> 
         run.step, {"warmup/episodes": stats["episodes"], "warmup/success": stats["success_rate"]}
     )
     loader = run.loader(WARMUP, rows=rl.rows, seq_len=rl.seq_len)
+    if rl.critic_head_fit:
+        fit = learner.fit_value_head(loader.epoch(seed=config.seed, num_epochs=1))
+        log.write(run.step, fit)
     batches = iter(loader.epoch(seed=config.seed, num_epochs=None))
     while learner.in_warmup:
         metrics = learner.iteration(next(batches))

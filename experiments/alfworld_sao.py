@@ -137,6 +137,9 @@ class RLSpec:
       seq_len: tokens per row (0: the longest expert prompt of this run's settings plus
         `rollout.max_new_tokens`, measured before anything runs).
       warmup_episodes: rollouts of the cloned policy for the critic warm-up.
+      critic_head_fit: before the critic's warm-up steps, set its value head to the
+        least-squares fit of the warm-up rollouts' Monte-Carlo returns on the critic's
+        features (a zero head needs many Adam steps to reach even the mean return).
       idle_timeout_s: a stream idle this long hands over its partial batch.
     """
 
@@ -150,6 +153,7 @@ class RLSpec:
     rows: int = 64
     seq_len: int = 320
     warmup_episodes: int = 16
+    critic_head_fit: bool = False
     idle_timeout_s: float = 5.0
 
 

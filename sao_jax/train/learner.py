@@ -17,7 +17,7 @@ loader's staleness filter reads `learner.policy_version`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -216,6 +216,67 @@ class Learner:
         )
         return host
 
+    def fit_value_head(
+        self, batches: Iterable[Mapping[str, np.ndarray]], *, ridge: float = 1e-2
+    ) -> Metrics:
+        """Set the critic's value head to the least-squares fit of the batches' Monte-Carlo
+        returns on the critic's features (its final hidden states), the backbone unchanged.
+
+        A value head starts at zero, so on returns of scale R (ALFWorld's win is 10) a critic
+        needs many Adam steps before V reaches even the mean return, and the first policy
+        steps weight actions by their return rather than by their advantage. The ridge
+        regression is solved in float64 on the host: (X^T X / N + ridge * s * I') w = X^T y / N,
+        X the [features, 1] rows of every action token, s the mean feature variance, I'
+        the identity without the bias entry (the bias is not shrunk). Use it once, on rollouts
+        of the starting policy, before the critic warm-up steps.
+
+        Returns host metrics: `critic_fit/explained_variance` (on the fitted data),
+        `critic_fit/return_mean`, `critic_fit/tokens`, `critic_fit/value_mean`.
+        """
+        if not self.algorithm.uses_critic:
+            raise ValueError(f"algorithm {self.algorithm.name!r} has no critic to fit")
+        head = self.critic_params.get("value_head") if "value_head" in self.critic_params else None
+        if head is None:
+            raise ValueError(
+                "Learner.fit_value_head: the value head is frozen (LearnerConfig.critic_trainable "
+                "matches no value_head/ parameter)"
+            )
+        if not ridge >= 0:
+            raise ValueError(f"ridge must be >= 0, got {ridge}")
+        total: dict[str, np.ndarray] | None = None
+        for batch in batches:
+            device_batch = self._device_batch(batch)
+            fns = self._functions(device_batch, self._action_capacity(batch))
+            moments = jax.device_get(
+                fns["value_moments"](self.critic_params, self._critic_frozen, device_batch)
+            )
+            moments = {k: np.asarray(v, np.float64) for k, v in moments.items()}
+            total = moments if total is None else {k: total[k] + moments[k] for k in total}
+        if total is None or total["count"] < 2:
+            raise ValueError(
+                "Learner.fit_value_head: the batches hold fewer than 2 action tokens to fit on"
+            )
+        n = total["count"]
+        gram, moment = total["gram"] / n, total["moment"] / n
+        dim = gram.shape[0] - 1
+        mean = gram[:dim, dim]
+        scale = max(float(np.mean(np.diag(gram)[:dim] - mean**2)), 1e-12)
+        penalty = np.eye(dim + 1) * ridge * scale
+        penalty[dim, dim] = 0.0
+        weights = np.linalg.solve(gram + penalty, moment)
+        y_mean = total["sum_y"] / n
+        y_var = total["sum_yy"] / n - y_mean**2
+        mse = total["sum_yy"] / n - 2 * weights @ moment + weights @ gram @ weights
+        kernel, bias = head["kernel"], head["bias"]
+        kernel.set_value(_like(kernel.get_value(), weights[:dim].reshape(dim, 1)))
+        bias.set_value(_like(bias.get_value(), weights[dim:]))
+        return {
+            "critic_fit/explained_variance": float(1 - mse / y_var) if y_var > 0 else 0.0,
+            "critic_fit/return_mean": float(y_mean),
+            "critic_fit/tokens": float(n),
+            "critic_fit/value_mean": float(mean @ weights[:dim] + weights[dim]),
+        }
+
     def advantages(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """What an iteration would train on, without training: `advantages` and
         `behaviour_logp` [R, T] (plus `values`, `returns` for GAE algorithms), as numpy.
@@ -374,6 +435,11 @@ class Learner:
         fields = {f.name for f in dataclasses.fields(LearnerCounters)}
         self.counters = LearnerCounters(**{k: int(v) for k, v in counters.items() if k in fields})
         return restored
+
+
+def _like(reference: jax.Array, value: np.ndarray) -> jax.Array:
+    """`value` as an array of `reference`'s dtype and sharding."""
+    return jax.device_put(np.asarray(value, reference.dtype), reference.sharding)
 
 
 def _staleness(batch: Mapping[str, np.ndarray], version: int) -> dict[str, float]:

@@ -5,7 +5,9 @@
   behaviour log-probs (and values, returns) plus batch statistics;
 - `policy(params, frozen, opt_state, batch, advantages, behaviour_logp)` -> guarded update;
 - `critic(params, frozen, opt_state, batch, returns, old_values)` -> guarded update;
-- `logprobs(params, frozen, batch)` -> [R, T] (at every position).
+- `logprobs(params, frozen, batch)` -> [R, T] (at every position);
+- `value_moments(critic_params, critic_frozen, batch)` -> least-squares statistics of the value
+  head on the batch's Monte-Carlo returns (`objectives.value_head_moments`).
 
 With `spec.action_capacity` K the steps run the LM head and the value head at the action tokens
 only (at most K per row; `objectives.ActionPositions`): `behaviour_logp` and `values` are then 0
@@ -236,6 +238,26 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             (sh.critic_params, sh.critic_opt, rep),
             donate_argnums=(0, 2),
         )
+
+        def value_moments(params, frozen, batch):
+            # Monte-Carlo targets (lambda = 1, V-free) whatever `critic_lam` is: the fit is
+            # what the critic starts from, before any value it could bootstrap from exists.
+            mask = objectives.action_mask(batch)
+            _, returns = adv_lib.linked_gae(
+                rewards=batch["rewards"],
+                values=jnp.zeros_like(mask),
+                mask=mask,
+                traj_index=batch["traj_index"],
+                turn_index=batch["turn_index"],
+                gamma=config.gamma,
+                lam=1.0,
+            )
+            critic = nnx.merge(critic_graphdef, params, frozen)
+            return objectives.value_head_moments(
+                critic, batch, returns, action_capacity=capacity
+            )
+
+        fns["value_moments"] = place.jit(value_moments, (*critic_in, batch_sh), rep)
     return fns
 
 

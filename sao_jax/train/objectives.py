@@ -234,6 +234,38 @@ def value_loss(
     return loss + aux_loss(aux, load_balance_weight, z_weight), metrics
 
 
+def value_head_moments(
+    critic: Critic, batch: Batch, returns: jax.Array, *, action_capacity: int | None = None
+) -> dict[str, jax.Array]:
+    """Sufficient statistics of the least-squares value head on `batch`'s action tokens.
+
+    With x_t = [h_t, 1] the critic's final hidden state of the state before action token t
+    (bias column appended) and y_t = `returns[:, t]`, over the action tokens:
+    `gram` = sum x x^T [D + 1, D + 1], `moment` = sum x y [D + 1], `sum_y`, `sum_yy`, `count`
+    (float32). Summed over batches and solved, they give the head minimising the critic's
+    token-mean squared error with the backbone fixed (`Learner.fit_value_head`).
+    """
+    mask = action_mask(batch)
+    at = action_positions(mask, action_capacity or mask.shape[1])
+    out = critic.forward(
+        batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
+    )
+    hidden = jnp.take_along_axis(out.hidden, at.predictors[..., None], axis=1)
+    weight = at.valid.astype(jnp.float32)
+    target = jnp.take_along_axis(returns.astype(jnp.float32), at.index, axis=1)
+    features = jnp.concatenate(
+        [hidden.astype(jnp.float32), jnp.ones(hidden.shape[:-1] + (1,), jnp.float32)], axis=-1
+    )
+    weighted = features * weight[..., None]
+    return {
+        "gram": jnp.einsum("rkd,rke->de", weighted, features),
+        "moment": jnp.einsum("rkd,rk->d", weighted, target),
+        "sum_y": jnp.sum(weight * target),
+        "sum_yy": jnp.sum(weight * target * target),
+        "count": jnp.sum(weight),
+    }
+
+
 def behaviour_cloning_loss(
     policy: Transformer,
     batch: Batch,
