@@ -253,9 +253,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 lam=1.0,
             )
             critic = nnx.merge(critic_graphdef, params, frozen)
-            return objectives.value_head_moments(
-                critic, batch, returns, action_capacity=capacity
-            )
+            return objectives.value_head_moments(critic, batch, returns, action_capacity=capacity)
 
         fns["value_moments"] = place.jit(value_moments, (*critic_in, batch_sh), rep)
     return fns

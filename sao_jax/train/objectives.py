@@ -254,7 +254,7 @@ def value_head_moments(
     weight = at.valid.astype(jnp.float32)
     target = jnp.take_along_axis(returns.astype(jnp.float32), at.index, axis=1)
     features = jnp.concatenate(
-        [hidden.astype(jnp.float32), jnp.ones(hidden.shape[:-1] + (1,), jnp.float32)], axis=-1
+        [hidden.astype(jnp.float32), jnp.ones((*hidden.shape[:-1], 1), jnp.float32)], axis=-1
     )
     weighted = features * weight[..., None]
     return {
