@@ -16,6 +16,9 @@ orbax checkpoints live under `--bucket` on Cloud Storage, metrics on process 0's
 `--dry-run` builds the model config abstractly on this CPU and prints the per-device memory of
 parameters, optimizer state, KV cache and activations on that mesh; a plan that does not fit
 the chip's HBM is refused (exit status 1) with the term that dominates and the excess.
+`--remat` (`ModelConfig.remat`: none, full, dots_with_no_batch_dims) is set on the dry-run's
+model config and its activation term; a launch passes it on as `model.remat=...` when the
+experiment's `ModelSpec` has that field, and refuses it otherwise (the job would not apply it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 from sao_jax.distributed.mesh import HybridMeshConfig
 from sao_jax.distributed.topology import Topology, mesh_preset, parse_topology
+from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.sharding import MESH_AXES, MeshConfig
 
 # Runs one step's commands at once (one per slice: they must start together) -> exit status.
@@ -78,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--seq-len", type=int, default=1024)
     memory.add_argument("--rollout-slots", type=int, default=256)
     memory.add_argument("--context", type=int, default=4096)
-    memory.add_argument("--remat", choices=("none", "full"), default="none")
+    memory.add_argument(
+        "--remat",
+        choices=REMAT_POLICIES,
+        default="none",
+        help="per-layer rematerialisation (ModelConfig.remat) of the plan and the job",
+    )
     memory.add_argument(
         "--rollout-chips",
         type=int,
@@ -165,10 +174,29 @@ def resolve(args: argparse.Namespace) -> Launch:
         ici=parse_axes(args.ici, preset.ici), dcn=parse_axes(args.dcn, preset.dcn)
     )
     mesh.resolve(topology.chips, topology.num_slices)  # fail here, not on the pod
+    overrides = tuple(args.overrides)
+    if args.remat != "none" and not args.dry_run:
+        overrides += _remat_override(args)
     return Launch(
         topology, mesh, args.tpu, args.zone, args.project, args.bucket, args.experiment,
-        args.config, args.repo, args.git_url, tuple(args.overrides),
+        args.config, args.repo, args.git_url, overrides,
     )  # fmt: skip
+
+
+def _remat_override(args: argparse.Namespace) -> tuple[str, ...]:
+    """`model.remat=<policy>` for the job, if its experiment's ModelSpec takes it."""
+    if any(o.startswith("model.remat=") for o in args.overrides):
+        return ()
+    import importlib
+
+    spec = getattr(importlib.import_module(args.experiment), "ModelSpec", None)
+    fields = {f.name for f in dataclasses.fields(spec)} if dataclasses.is_dataclass(spec) else ()
+    if "remat" not in fields:
+        raise ValueError(
+            f"--remat {args.remat}: {args.experiment} has no ModelSpec.remat field, so the job "
+            "would train without it; use --remat with --dry-run only"
+        )
+    return (f"model.remat={args.remat}",)
 
 
 def _model_config(args: argparse.Namespace):
@@ -189,7 +217,7 @@ def dry_run(launch: Launch, args: argparse.Namespace) -> int:
     """Print the memory plan; 0 if it fits, 1 (with the reason) if not."""
     from sao_jax.distributed.memory import Workload, abstract_params, plan_memory
 
-    config = _model_config(args)
+    config = _model_config(args).replace(remat=args.remat)
     topology = launch.topology
     workload = Workload(
         train_rows=args.train_rows,

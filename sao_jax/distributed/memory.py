@@ -27,13 +27,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.models import Critic, ModelConfig, Transformer
+from sao_jax.models.config import REMAT_POLICIES as REMAT_POLICIES  # ModelConfig.remat's names
+from sao_jax.models.config import check_remat
 from sao_jax.sharding import MESH_AXES, LogicalRules, logical_to_spec
 from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
 from sao_jax.train.partition import compile_patterns, path_string
 
 GIB = 1024**3
-REMAT_POLICIES = ("none", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +45,10 @@ class Workload:
       train_rows: rows per learner batch; seq_len: tokens per row.
       rollout_slots: concurrent sequences (KV-cache slots) over every rollout device;
       context: cache positions per slot.
-      remat: "none" (the learner today: every layer's intermediates live until the backward
-        pass) or "full" (per-layer rematerialisation: only each layer's input is kept, one
-        layer is recomputed at a time).
+      remat: the model's `ModelConfig.remat` (one of `REMAT_POLICIES`): "none" (every layer's
+        intermediates live until the backward pass), "full" (per-layer rematerialisation:
+        only each layer's input is kept, one layer is recomputed at a time) or
+        "dots_with_no_batch_dims" (each layer's input and its unbatched matmul outputs kept).
       logprob_chunk: positions per chunk of the log-prob head (`LearnerConfig.logprob_chunk_size`).
     """
 
@@ -61,8 +63,7 @@ class Workload:
         for name in ("train_rows", "seq_len", "rollout_slots", "context", "logprob_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Workload.{name} must be >= 1, got {getattr(self, name)}")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"Workload.remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        check_remat(self.remat, "Workload.remat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +158,14 @@ class ParamLeaf:
     logical_axes: tuple[str | None, ...] | None
 
 
-@functools.lru_cache(maxsize=8)
 def abstract_params(config: ModelConfig, model_class=Transformer) -> tuple[ParamLeaf, ...]:
     """Every parameter of `model_class(config)` from `nnx.eval_shape` (nothing allocated;
-    cached: tracing a 48-layer model takes seconds)."""
+    cached: tracing a 48-layer model takes seconds; `remat` changes no parameter)."""
+    return _abstract_params(config.replace(remat="none"), model_class)
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_params(config: ModelConfig, model_class) -> tuple[ParamLeaf, ...]:
     abstract = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(0)))
     leaves = []
     for path, variable in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
@@ -221,8 +226,11 @@ def activation_bytes(
     and projection (H*Dh + D)*c; MoE: router logits and probabilities 2*E*4, and per routed row
     (K * max(capacity_factor, 1) rows per token) the expert buffer, gate, up, hidden and output
     (2*D + 3*F)*c, plus the top-k outputs K*D*c; a dense layer (3*F_dense + D)*c.
-    "none" keeps every layer's share; "full" keeps each layer's input D*c and one layer's share.
-    The head adds the final hidden D*c per token and one log-prob chunk (logits and their
+    "none" keeps every layer's share; "full" keeps each layer's input D*c and one layer's share;
+    "dots_with_no_batch_dims" keeps, per layer, its input and the outputs of its unbatched
+    matmuls, (D + H*Dh + 2*Kv*Dh + D)*c (q, k, v, o projections) plus the float32 router
+    logits E*4 (MoE) or gate, up and down (2*F_dense + D)*c (dense), and one layer's share (the
+    attention and expert einsums are batched, so they are recomputed). The head adds the final hidden D*c per token and one log-prob chunk (logits and their
     gradient, float32) of rows x chunk x V.
     """
     c = config.compute_dtype.itemsize
@@ -239,7 +247,8 @@ def activation_bytes(
     d, dh = config.d_model, config.head_dim
     attention = 4 * d * c + (2 * heads + 3 * kv) * dh * c + heads * t * (4 + c)
     attention += (heads * dh + d) * c
-    per_layer = []
+    per_layer, saved_dots = [], []
+    projections = (d + heads * dh + 2 * kv * dh + d) * c
     for layer in range(config.num_layers):
         if config.is_moe_layer(layer):
             f = config.moe_intermediate_size
@@ -247,19 +256,27 @@ def activation_bytes(
             routed = config.num_experts_per_token * max(config.capacity_factor, 1.0)
             ffn = 2 * config.num_experts * 4 + routed * (2 * d + 3 * f) * c
             ffn += config.num_experts_per_token * d * c
+            saved_dots.append(projections + config.num_experts * 4)
         else:
             f = config.dense_intermediate_size
             f //= _fit(f, tensor, mesh)
             ffn = (3 * f + d) * c
+            saved_dots.append(projections + (2 * f + d) * c)
         per_layer.append(attention + ffn)
     vocab = config.vocab_size // _fit(config.vocab_size, tensor, mesh)
     head = tokens * d * c + rows * min(workload.logprob_chunk, t) * vocab * 4 * 2
     if workload.remat == "none":
         kept = tokens * sum(per_layer)
-        policy = "remat=none (every layer's intermediates kept; the learner today)"
-    else:
+        policy = "remat=none (every layer's intermediates kept)"
+    elif workload.remat == "full":
         kept = tokens * (config.num_layers * d * c + max(per_layer))
         policy = "remat=full (layer inputs kept, one layer recomputed at a time)"
+    else:
+        kept = tokens * (sum(saved_dots) + max(per_layer))
+        policy = (
+            "remat=dots_with_no_batch_dims (layer inputs and projection outputs kept, "
+            "one layer recomputed at a time)"
+        )
     return int(kept + head), f"{policy}; {rows} rows x {t} tokens per device"
 
 

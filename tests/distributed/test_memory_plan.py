@@ -105,7 +105,39 @@ def test_memory_terms_match_hand_arithmetic():
     )
     assert full == tokens * (d * c + attention_acts + moe_acts) + head
     assert "remat=full" in note and "2 rows x 16 tokens per device" in note
+    # dots_with_no_batch_dims: the layer input, the q/k/v/o outputs (2 heads, 1 kv head of 16)
+    # and the f32 router logits (4 experts) are saved, plus one layer's share.
+    dots, note = activation_bytes(
+        SMALL,
+        Workload(train_rows=8, seq_len=16, logprob_chunk=8, remat="dots_with_no_batch_dims"),
+        MESH,
+    )
+    saved = (d + 2 * 16 + 2 * 1 * 16 + d) * c + 4 * 4
+    assert dots == tokens * (saved + attention_acts + moe_acts) + head
+    assert "remat=dots_with_no_batch_dims" in note
     assert plan.total == sum(terms.values()) and plan.fits
+
+
+def test_remat_names_are_the_models_and_order_the_activations():
+    from sao_jax.distributed.memory import REMAT_POLICIES
+    from sao_jax.models.config import REMAT_POLICIES as MODEL_REMAT_POLICIES
+
+    assert REMAT_POLICIES is MODEL_REMAT_POLICIES
+    deep = get_model_config("test", num_layers=8, dense_layers=(3,))
+    acts = {
+        remat: activation_bytes(deep, Workload(train_rows=8, seq_len=64, remat=remat), MESH)[0]
+        for remat in REMAT_POLICIES
+    }
+    assert acts["full"] < acts["dots_with_no_batch_dims"] < acts["none"]
+
+
+def test_scanned_layers_take_the_same_memory():
+    """Stacked layer parameters (leading unsharded "layers" axis) shard like the looped ones."""
+    deep = get_model_config("test", num_layers=3, dense_layers=(1,), capacity_factor=0.0)
+    workload = Workload(train_rows=8, seq_len=16, rollout_slots=8, context=64)
+    (looped,) = plan_memory(deep, MESH, workload, hbm_bytes=GIB)
+    (scanned,) = plan_memory(deep.replace(scan_layers=True), MESH, workload, hbm_bytes=GIB)
+    assert [(t.name, t.bytes) for t in scanned.terms] == [(t.name, t.bytes) for t in looped.terms]
 
 
 def test_low_precision_parameters_add_a_master_copy():
@@ -138,7 +170,7 @@ def test_disaggregated_plans_split_training_and_rollout():
     assert "KV cache" not in [t.name for t in train.terms]
     with pytest.raises(ValueError, match=r"unknown axes \['model'\]"):
         plan_memory(SMALL, {"model": 2}, Workload(), hbm_bytes=GIB)
-    with pytest.raises(ValueError, match=r"Workload\.remat must be one of"):
+    with pytest.raises(ValueError, match=r"Workload\.remat must be one of \('none', 'full'"):
         Workload(remat="selective")
     assert (
         plan_memory(
@@ -168,3 +200,26 @@ def test_per_host_sampling_is_one_plan_with_the_rollout_laid_out_per_host():
     assert "each host" in plan.group and plan.total == sum(terms.values())
     with pytest.raises(ValueError, match="rollout_colocated needs the rollout_mesh"):
         plan_memory(SMALL, MESH, Workload(), hbm_bytes=GIB, rollout_colocated=True)
+
+
+def test_the_launcher_takes_the_models_remat_names(capsys):
+    from experiments.launch_tpu import main
+
+    base = ["--topology", "v5p-8", "--tpu", "pod", "--zone", "z1", "--bucket", "gs://b/run"]
+    model = ["--model", "small", "--dry-run", "--train-rows", "4", "--seq-len", "256"]
+    rows = {}
+    for remat in ("none", "full", "dots_with_no_batch_dims"):
+        main([*base, *model, "--remat", remat])
+        out = capsys.readouterr().out
+        assert f"remat={remat} (" in out
+        line = next(x for x in out.splitlines() if x.strip().startswith("activations"))
+        rows[remat] = float(line.split()[1])
+    assert rows["full"] < rows["dots_with_no_batch_dims"] < rows["none"]
+    with pytest.raises(SystemExit):
+        main([*base, *model, "--remat", "selective"])
+    assert "invalid choice: 'selective'" in capsys.readouterr().err
+    # The experiment's ModelSpec has no remat field yet: a launch refuses a remat it would drop.
+    with pytest.raises(SystemExit) as exit_info:
+        main([*base, "--remat", "full"])
+    assert exit_info.value.code == 2
+    assert "has no ModelSpec.remat field" in capsys.readouterr().err
