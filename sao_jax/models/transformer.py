@@ -86,7 +86,7 @@ LayerFn = Callable[
 def remat_policy(name: str) -> Callable[..., bool] | None:
     """The `jax.checkpoint` policy of a `ModelConfig.remat` name (None: save nothing).
 
-    "none" has no policy: callers skip the checkpoint altogether (see `checkpointed`).
+    "none" has no policy: `layer_function` skips the checkpoint altogether.
     """
     check_remat(name)
     if name == "dots_with_no_batch_dims":
@@ -148,7 +148,8 @@ class ScannedLayers(nnx.Module):
         stats: list[MoeStats] = []
         for group in self.groups:
             graphdef, state = nnx.split(getattr(self, group.name))
-            # Under scan, XLA cannot CSE across iterations: prevent_cse is not needed.
+            # The scan's loop already keeps XLA from merging the recomputation into the forward
+            # (what prevent_cse guards against); the JAX docs advise False under scan.
             fn = layer_function(graphdef, self.remat, prevent_cse=False)
             kv = None
             if kv_cache is not None:
