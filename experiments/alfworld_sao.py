@@ -47,6 +47,10 @@ class ModelSpec:
       dense_intermediate_size: override.
       capacity_factor: expert capacity in training (0: dropless, as the sampler routes).
       initializer_range: override of the init stddev.
+      scan_layers: run runs of same-kind layers under one `lax.scan` (compile time independent
+        of depth; `sao_jax.models.ModelConfig.scan_layers`).
+      remat: per-layer rematerialisation policy: none, full, dots_with_no_batch_dims
+        (`ModelConfig.remat`; `launch_tpu --remat` passes it here).
     """
 
     preset: str = "tiny"
@@ -62,6 +66,8 @@ class ModelSpec:
     dense_intermediate_size: int | None = None
     capacity_factor: float | None = None
     initializer_range: float | None = None
+    scan_layers: bool | None = None
+    remat: str | None = None
 
     def overrides(self) -> dict:
         skip = {"preset", "hf_path"}

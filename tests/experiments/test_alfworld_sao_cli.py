@@ -16,6 +16,7 @@ MICRO = [
     "tensorboard=false",
     "eval.num_games=2",
     "warm_start.demo_episodes=4",
+    "rl.critic_head_fit=true",
 ]
 
 
@@ -49,6 +50,9 @@ def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
     rl = [r for r in records if r.get("phase") == 1.0]
     assert len(rl) >= 2 and all("policy/clip_frac" in r and "critic/loss" in r for r in rl)
     assert any(r.get("phase") == 0.0 for r in records)  # the critic warm-up ran first
+    fits = [r for r in records if "critic_fit/explained_variance" in r]
+    assert len(fits) == 1 and fits[0]["critic_fit/tokens"] > 0  # its head fitted once, first
+    assert fits[0]["step"] <= min(r["step"] for r in records if r.get("phase") == 0.0)
     assert (out / "learning_curve.png").stat().st_size > 10_000
     assert (out / "config.yaml").is_file()
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit())

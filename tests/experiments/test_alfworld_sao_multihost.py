@@ -15,6 +15,7 @@ from sao_jax.checkpoint import Checkpointer
 from sao_jax.distributed import DcnMeshConfig, Job, ProcessInfo
 from sao_jax.distributed.local_launch import launch_local
 from sao_jax.metrics import read_metrics
+from sao_jax.models import get_model_config
 from sao_jax.sharding import MeshConfig
 
 REPO = Path(__file__).parents[2]
@@ -45,6 +46,14 @@ def test_the_launchers_start_command_parses_into_the_experiment_config(tmp_path,
     assert config.mesh.dcn == DcnMeshConfig(data=-1, fsdp=1, expert=1, tensor=1)
     assert config.mesh.hybrid().resolve(32, 1) == {"data": 1, "fsdp": 4, "expert": 8, "tensor": 1}
     assert (tmp_path / "config.yaml").is_file()
+
+
+def test_the_launchers_remat_reaches_the_jobs_model(tmp_path, capsys):
+    argv = experiment_argv(["--config", "small", "--remat", "full"], capsys, tmp_path)
+    config = alfworld_sao.parse(argv)
+    assert config.model.remat == "full"
+    model = get_model_config(config.model.preset, **config.model.overrides())
+    assert model.remat == "full" and not model.scan_layers
 
 
 def test_bad_multi_process_flags_exit_2_naming_what_is_missing(tmp_path, capsys):
