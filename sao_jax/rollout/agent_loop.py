@@ -10,6 +10,12 @@ In the concat layout a slot keeps its KV cache across turns: the next turn encod
 ids appended since the last reply (`Sampler.extend`), unless the cache was built (even in
 part) by older weights, in which case the whole input is encoded again.
 
+Prefix caching (`RolloutConfig.prefix_cache`): any other prompt loaded into a slot (every
+windowed turn, a new episode) skips the leading ids it shares with the prompt the slot's
+cache holds from its last load, when the same weights encoded that one
+(`Sampler.prefill(cached=...)`). A windowed turn starts with the same chat marker and task
+line as the slot's previous turn, so those are encoded once per episode instead of per turn.
+
 Weights may change between dispatches (`before_dispatch`, where the async engine syncs): each
 sampled token records the version that produced it, so a reply interrupted by a weight update
 carries both versions (AReaL's interruptible generation, keeping the reply's cache).
@@ -79,6 +85,9 @@ class RolloutConfig:
     refill: "continuous" (refill finished slots at once) or "lockstep".
     seed: base of every call's sampling seed.
     model_id: recorded with every LLM call.
+    prefix_cache: a prompt loaded into a slot skips the ids it shares with the prompt the
+      slot's cache already holds (encoded by the same weights); False: every load encodes its
+      whole prompt. Tokens and log-probs are the same either way.
     """
 
     layout: str = "windowed"
@@ -99,6 +108,7 @@ class RolloutConfig:
     refill: str = "continuous"
     seed: int = 0
     model_id: str = "sao_jax-policy"
+    prefix_cache: bool = True
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -256,7 +266,7 @@ class AgentLoop:
             max_tokens=config.max_new_tokens,
             stop=stop_names,
         )
-        self._state = sampler.init_state(len(envs), config.max_context_tokens)
+        self._reset_state()
         self._groups = itertools.count()
         self.abandoned_episodes = 0  # started but never finished (play stopped early)
 
@@ -292,7 +302,7 @@ class AgentLoop:
         generating: set[int] = set()
         started, yielded, exhausted = 0, 0, False
         if np.asarray(self._state.active).any():  # a previous play was stopped mid-reply
-            self._state = self.sampler.init_state(len(self.envs), config.max_context_tokens)
+            self._reset_state()
 
         def admit_group(block: bool) -> bool:
             nonlocal started, exhausted
@@ -348,6 +358,26 @@ class AgentLoop:
             self.abandoned_episodes += started - yielded
 
     # ------------------------------------------------------------------------- internals
+    def _reset_state(self) -> None:
+        self._state = self.sampler.init_state(len(self.envs), self.config.max_context_tokens)
+        # Per slot: (ids the cache holds at positions 0.., the weights generation that
+        # encoded them), or None. Only a load writes positions below its prompt's end.
+        self._cached: list[tuple[list[int], int] | None] = [None] * len(self.envs)
+
+    def _cached_prefix(self, b: int, ids: Sequence[int]) -> int:
+        """Leading ids of `ids` slot b's cache holds from the current weights (< len(ids))."""
+        record = self._cached[b]
+        if not self.config.prefix_cache or record is None:
+            return 0
+        held, generation = record
+        if generation != self.sampler.weights_generation:
+            return 0
+        limit = min(len(held), len(ids) - 1)
+        same = 0
+        while same < limit and held[same] == ids[same]:
+            same += 1
+        return same
+
     def _start(self, b: int, index: int, group: int, member: int) -> _Slot:
         env = self.envs[b]
         observation, info = env.reset(index)
@@ -396,12 +426,30 @@ class AgentLoop:
         for group, extending in ((full, False), (extend, True)):
             if not group:
                 continue
-            load = self.sampler.extend if extending else self.sampler.prefill
-            tokens = [slots[b].continuation if extending else slots[b].input_ids for b in group]
             sampling = [self.config.sampling(self.stop_ids, slots[b].seed) for b in group]
-            self._state, first, logp, done = load(self._state, tokens, group, sampling)
+            generation = self.sampler.weights_generation
+            if extending:
+                tokens = [slots[b].continuation for b in group]
+                self._state, first, logp, done = self.sampler.extend(
+                    self._state, tokens, group, sampling
+                )
+            else:
+                tokens = [slots[b].input_ids for b in group]
+                cached = [self._cached_prefix(b, slots[b].input_ids) for b in group]
+                self._state, first, logp, done = self.sampler.prefill(
+                    self._state, tokens, group, sampling, cached=cached
+                )
+            # weights swapped during the load (another thread): nothing it wrote is reusable
+            same_weights = generation == self.sampler.weights_generation
             for i, b in enumerate(group):
                 slot = slots[b]
+                # An extended slot's cache holds its whole input too, from these weights only
+                # if its last load was (the generation only grows: nothing changed since).
+                held = self._cached[b]
+                intact = same_weights and (
+                    not extending or (held is not None and held[1] == generation)
+                )
+                self._cached[b] = (list(slot.input_ids), generation) if intact else None
                 slot.out_ids.append(int(first[i]))
                 slot.out_logp.append(float(logp[i]))
                 slot.out_versions.append(version)

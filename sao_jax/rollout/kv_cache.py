@@ -40,14 +40,18 @@ class KVCache:
     def from_layers(cls, layers: tuple[LayerKV, ...]) -> KVCache:
         return cls(keys=tuple(k for k, _ in layers), values=tuple(v for _, v in layers))
 
-    def take_slots(self, slots: jax.Array) -> KVCache:
-        """Rows `slots` [n] of every layer (a sub-cache of n slots)."""
-        take = lambda x: jnp.take(x, slots, axis=0, mode="clip")  # noqa: E731
+    def take_slots(self, slots: jax.Array, length: int | None = None) -> KVCache:
+        """Rows `slots` [n] of every layer (a sub-cache of n slots), optionally only their
+        first `length` positions (a window a prefill whose tokens all sit below it needs)."""
+        length = self.length if length is None else length
+        take = lambda x: jnp.take(x[:, :, :length], slots, axis=0, mode="clip")  # noqa: E731
         return jax.tree.map(take, self)
 
     def put_slots(self, slots: jax.Array, sub: KVCache) -> KVCache:
-        """Write sub-cache rows back at `slots`; out-of-range slots write nothing."""
-        put = lambda x, y: x.at[slots].set(y, mode="drop")  # noqa: E731
+        """Write sub-cache rows back at `slots` (a shorter sub-cache: at their first
+        `sub.length` positions); out-of-range slots write nothing."""
+        length = sub.length
+        put = lambda x, y: x.at[slots, :, :length].set(y, mode="drop")  # noqa: E731
         return jax.tree.map(put, self, sub)
 
 

@@ -4,7 +4,8 @@ Two levels of API:
 - `Sampler.generate(prompts, sampling)`: a batch of prompts of different lengths in, token ids,
   per-token log-probs (temperature 1, what DIS needs), lengths and the policy version out.
 - The slot API a continuous-batching worker builds on: `init_state(num_slots, cache_len)`,
-  `prefill(state, prompts, slots, sampling)` (refill any slots at any time), and
+  `prefill(state, prompts, slots, sampling)` (refill any slots at any time; `cached=` skips
+  a prefix the slot's cache already holds), `extend(...)` (continue a finished slot) and
   `decode(state, num_steps)` (advance every active slot, several tokens per dispatch).
 
 Layout: prompts are right-padded; slot b keeps token p at cache index p, so positions are
@@ -13,6 +14,14 @@ up to powers of two ("buckets"), so a long run compiles a handful of shapes, not
 prompt length. Decoding settings are per-row arrays: changing them never recompiles, and
 `update_weights` swaps parameters of the same shapes without recompiling.
 
+Prefill cost is mostly padding when prompts differ in length and few slots refill at once
+(a power-of-two bucket of rows x tokens). Two host-side measures cut it, both leaving every
+row's tokens and log-probs as they were (rows are independent; see docs/rollout.md):
+- `split_prefill`: a load's rows are split into dispatches of similar lengths when that
+  encodes fewer padded positions (`plan_prefill`), instead of one [rows, longest] batch;
+- `attention_window`: a prefill attends over (and writes back) only the first
+  bucket(start + length) cache positions of its slots instead of the whole cache length.
+
 MoE routing is dropless here by default (`capacity_factor=0`), so a token's probability
 depends only on its own sequence, never on what else shares the batch.
 """
@@ -20,6 +29,7 @@ depends only on its own sequence, never on what else shares the batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -92,6 +102,42 @@ def bucket(n: int, minimum: int) -> int:
     return 1 << (max(n, minimum) - 1).bit_length()
 
 
+# Fixed cost of one more prefill dispatch, in padded token positions (a dispatch of the tiny
+# preset costs ~2 ms on a CPU core, about what 32-64 positions of a batch cost).
+SPLIT_COST_TOKENS = 48
+
+
+def plan_prefill(
+    lengths: Sequence[int], min_bucket: int, cache_len: int, split_cost: int = SPLIT_COST_TOKENS
+) -> list[list[int]]:
+    """Split the rows of one load into dispatches that encode the fewest padded positions.
+
+    A dispatch of k rows of at most L tokens costs bucket(k) x bucket(L) positions (the
+    shapes the sampler compiles) plus `split_cost`. Rows are taken longest first and cut into
+    consecutive runs (an optimal split of this cost never interleaves lengths), found by
+    dynamic programming. Returns lists of row indices, each longest first; one list when
+    splitting does not pay.
+    """
+    n = len(lengths)
+    if n == 0:
+        raise ValueError("plan_prefill needs at least one row")
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    best = [0] + [None] * n  # best[j]: cheapest cover of order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            width = min(bucket(lengths[order[i]], min_bucket), cache_len)
+            cost = best[i] + bucket(j - i, 1) * width + split_cost
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups = []
+    j = n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
 def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
     return jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
 
@@ -115,6 +161,8 @@ class Sampler:
         min_prompt_bucket: int = 16,
         min_new_tokens_bucket: int = 16,
         capacity_factor: float | None = 0.0,
+        split_prefill: bool = True,
+        attention_window: bool = True,
     ):
         """Args:
         model: the policy; its parameters are taken as the initial weights.
@@ -125,6 +173,11 @@ class Sampler:
         max_stop_tokens: stop ids per request (M).
         min_prompt_bucket, min_new_tokens_bucket: smallest padded prompt / generation lengths.
         capacity_factor: MoE capacity while sampling (0: dropless; None: the model's own).
+        split_prefill: split a load into dispatches of similar prompt lengths when that pads
+          less (`plan_prefill`); False: one dispatch per load. An attribute, may be changed
+          between calls.
+        attention_window: a prefill attends over the bucketed first positions its rows reach
+          rather than the whole cache; False: the whole cache. May be changed between calls.
         """
         config = model.config
         if capacity_factor is not None:
@@ -142,8 +195,12 @@ class Sampler:
         self._structure = jax.tree.structure(params)
         self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
         self._jitted: dict[tuple, object] = {}
+        self.split_prefill, self.attention_window = split_prefill, attention_window
         self.params: nnx.State = params
         self.policy_version = policy_version
+        # Bumped by every `update_weights`, even one that keeps the version number: a cache
+        # built under an older generation must not be reused (`prefill(cached=...)`).
+        self.weights_generation = -1
         self.update_weights(params, policy_version)
 
     # ----------------------------------------------------------------------------- weights
@@ -165,6 +222,7 @@ class Sampler:
             params = jax.device_put(params, self._param_shardings)
         self.params = params
         self.policy_version = int(version)
+        self.weights_generation += 1
 
     def num_compiled(self) -> int:
         """Executables compiled so far (prefill / decode / init per bucketed shape); a value
@@ -200,13 +258,16 @@ class Sampler:
         starts: jax.Array,
         slots: jax.Array,
         rows: RowSettings,
+        window: int,
     ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+        """Encode `tokens` at `starts` in `slots`; every valid position is below `window`, so
+        the slots' first `window` cache positions are all the attention needs."""
         model = self._model(params)
         n, p = tokens.shape
         offsets = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (n, p))
         positions = starts[:, None] + offsets
         segment_ids = (offsets < lengths[:, None]).astype(jnp.int32)
-        sub = state.cache.take_slots(slots)
+        sub = state.cache.take_slots(slots, window)
         out = model.forward(
             tokens, positions=positions, segment_ids=segment_ids, kv_cache=sub.layers()
         )
@@ -308,7 +369,8 @@ class Sampler:
         if kind == "init":
             fn = lambda: self._init_impl(num_slots, length)  # noqa: E731
         elif kind == "prefill":
-            fn = self._prefill_impl
+            window = extra[2]
+            fn = functools.partial(self._prefill_impl, window=window)
             kwargs["donate_argnums"] = (1,)
         else:
             (num_steps,) = extra
@@ -320,7 +382,7 @@ class Sampler:
             if kind == "init":
                 kwargs["out_shardings"] = state_sh
             elif kind == "prefill":
-                n, p = extra
+                n, p, _ = extra
                 kwargs["in_shardings"] = (
                     self._param_shardings,
                     state_sh,
@@ -384,13 +446,21 @@ class Sampler:
         prompts: Sequence[Sequence[int]],
         slots: Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
+        *,
+        cached: Sequence[int] | None = None,
     ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
         """Load `prompts` into `slots` (replacing whatever was there) and sample their first token.
+
+        cached: per prompt, how many of its leading tokens the slot's cache already holds at
+          positions 0.. (keys and values of exactly those ids, encoded by the current weights:
+          the caller keeps track, e.g. the previous turn's prompt of the slot); only the rest
+          is encoded. 0 <= cached[i] < len(prompts[i]) (the last token is always encoded: its
+          logits give the first sample). None: nothing cached.
 
         `state` is donated: use the returned one. Returns (state, first_tokens [n],
         first_logprobs [n], finished [n] bool).
         """
-        return self._load(state, prompts, slots, sampling, extend=False)
+        return self._load(state, prompts, slots, sampling, extend=False, cached=cached)
 
     def extend(
         self,
@@ -415,6 +485,7 @@ class Sampler:
         sampling: SamplingParams | Sequence[SamplingParams],
         *,
         extend: bool,
+        cached: Sequence[int] | None = None,
     ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
         n = len(prompts)
         if n == 0 or len(slots) != n:
@@ -429,6 +500,18 @@ class Sampler:
             if not 0 <= slot < num_slots:
                 raise ValueError(f"slot {slot} of prompt {i} is outside [0, {num_slots})")
         starts = [0] * n
+        if cached is not None:
+            cached = [int(c) for c in cached]
+            if len(cached) != n:
+                raise ValueError(f"got {len(cached)} cached lengths for {n} prompts")
+            for i, (c, prompt) in enumerate(zip(cached, prompts, strict=True)):
+                if not 0 <= c < len(prompt):
+                    raise ValueError(
+                        f"cached[{i}]={c} must be in [0, {len(prompt)}): the prompt's last "
+                        "token is always encoded"
+                    )
+            starts = cached
+            prompts = [list(prompt[c:]) for prompt, c in zip(prompts, cached, strict=True)]
         if extend:
             active = np.asarray(state.active)[list(slots)]
             if active.any():
@@ -450,19 +533,51 @@ class Sampler:
                     f"tokens do not fit a cache of {cache_len} positions"
                 )
         lengths = [len(p) for p in prompts]
-        p = min(bucket(max(lengths), self.min_prompt_bucket), cache_len)
+        if self.split_prefill:
+            groups = plan_prefill(lengths, self.min_prompt_bucket, cache_len)
+        else:
+            groups = [list(range(n))]
+        outputs = []
+        for group in groups:  # dispatched back to back; read once all are queued
+            state, *out = self._dispatch_prefill(
+                state,
+                [prompts[i] for i in group],
+                [starts[i] for i in group],
+                [slots[i] for i in group],
+                [sampling[i] for i in group],
+            )
+            outputs.append(out)
+        first = np.zeros((n,), np.int32)
+        logp = np.zeros((n,), np.float32)
+        finished = np.zeros((n,), bool)
+        for group, (g_first, g_logp, g_finished) in zip(groups, outputs, strict=True):
+            k = len(group)
+            first[group] = np.asarray(g_first)[:k]
+            logp[group] = np.asarray(g_logp)[:k]
+            finished[group] = np.asarray(g_finished)[:k]
+        return state, first, logp, finished
+
+    def _dispatch_prefill(self, state, prompts, starts, slots, sampling):
+        """One jitted prefill of these rows (validated by `_load`); device outputs."""
+        n = len(prompts)
+        num_slots, cache_len = state.cache.num_slots, state.cache.length
+        p = min(bucket(max(len(q) for q in prompts), self.min_prompt_bucket), cache_len)
+        window = cache_len
+        if self.attention_window:
+            reach = max(s + len(q) for s, q in zip(starts, prompts, strict=True))
+            window = min(bucket(reach, self.min_prompt_bucket), cache_len)
         rows = bucket(n, 1)
         tokens = np.full((rows, p), self.pad_id, np.int32)
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = prompt
         lengths_arr = np.ones((rows,), np.int32)
-        lengths_arr[:n] = lengths
+        lengths_arr[:n] = [len(q) for q in prompts]
         starts_arr = np.zeros((rows,), np.int32)
         starts_arr[:n] = starts
         slots_arr = np.full((rows,), num_slots, np.int32)  # padding rows write nowhere
         slots_arr[:n] = slots
-        fn = self._get_jitted("prefill", num_slots, cache_len, (rows, p))
-        state, first, logp, finished = self._call(
+        fn = self._get_jitted("prefill", num_slots, cache_len, (rows, p, window))
+        return self._call(
             fn,
             self.params,
             state,
@@ -472,7 +587,6 @@ class Sampler:
             slots_arr,
             self._row_settings(sampling, rows),
         )
-        return state, np.asarray(first)[:n], np.asarray(logp)[:n], np.asarray(finished)[:n]
 
     def decode(
         self, state: DecodeState, num_steps: int
