@@ -104,6 +104,10 @@ class LearnerConfig:
       opd_beta: gate sharpness of the gated OPD form.
       opd_mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
       opd_clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
+      fused_iteration: run an iteration as one compiled program (values, advantages, the
+        policy step(s) and the critic steps under `lax.scan`); False: the step-by-step
+        reference path (`prepare`, each policy step, each critic step jitted apart and
+        called from Python). Same results; see docs/training.md.
     """
 
     algorithm: str = "sao"
@@ -139,6 +143,7 @@ class LearnerConfig:
     opd_beta: float = 5.0
     opd_mode: str = "gated"
     opd_clip: float | None = None
+    fused_iteration: bool = True
 
     def __post_init__(self):
         get_algorithm(self.algorithm)

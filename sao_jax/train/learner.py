@@ -7,7 +7,8 @@ One iteration on one loader batch (SAO):
 
 GRPO / GRPO+DIS replace the critic by group-relative returns; PPO takes its ratio against the
 learner's own log-probs at the start of the iteration and makes `ppo_epochs` policy steps.
-Before the first policy step, `critic_warmup_steps` batches train the critic alone.
+Before the first policy step, `critic_warmup_steps` batches train the critic alone. The whole
+iteration runs as one compiled program (the steps under `lax.scan`) with one host read.
 
 The learner never sees a rollout object: batches come from `atdp_io`'s loader. Its policy
 version counts policy updates; rollout samples carry the version that produced them, so the
@@ -31,7 +32,13 @@ from sao_jax.train import advantages as adv_lib
 from sao_jax.train import objectives
 from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
-from sao_jax.train.learner_steps import ModelShardings, StepSpec, learner_steps, trace_key
+from sao_jax.train.learner_steps import (
+    ModelShardings,
+    StepSpec,
+    learner_steps,
+    policy_steps,
+    trace_key,
+)
 from sao_jax.train.partition import split_trainable
 from sao_jax.train.steps import BATCH_KEYS, Placement, make_optimizer
 
@@ -151,6 +158,10 @@ class Learner:
         During critic warm-up the iteration trains the critic only (`phase` = 0); afterwards it
         makes the algorithm's policy step(s) and K critic steps (`phase` = 1). SEED algorithms
         (`algorithm.opd`) need `batch["skill_logp"]` [R, T] (`sao_jax.seed.SeedLearner` adds it).
+
+        With `config.fused_iteration` (the default) the whole iteration is one compiled program
+        per phase (`learner_steps`' `iteration` / `warmup_iteration`); otherwise `prepare` and
+        each step are jitted apart and queued from Python. Either way the device is read once.
         """
         if self.algorithm.opd and not self.in_warmup and "skill_logp" not in batch:
             raise ValueError(
@@ -160,6 +171,75 @@ class Learner:
         device_batch = self._device_batch(batch)
         fns = self._functions(device_batch, self._action_capacity(batch))
         staleness = _staleness(batch, self.counters.policy_version)
+        warmup = self.in_warmup
+        policy_steps_run = 0 if warmup else policy_steps(self.config)
+        critic_steps_run = self.config.critic_steps if self.algorithm.uses_critic else 0
+        if self.config.fused_iteration:
+            metrics, skipped = self._fused_iteration(fns, device_batch, warmup)
+        else:
+            metrics, skipped = self._stepwise_iteration(fns, device_batch, warmup)
+        # The one host read of the iteration: metrics and skip counts together.
+        fetched, skipped = jax.device_get((metrics, skipped))
+        policy_skips, critic_skips = int(skipped["policy"]), int(skipped["critic"])
+        self.counters.skipped_policy_steps += policy_skips
+        self.counters.policy_version += policy_steps_run - policy_skips
+        self.counters.skipped_critic_steps += critic_skips
+        self.counters.critic_steps += critic_steps_run - critic_skips
+        if warmup:
+            self.counters.warmup_iterations += 1
+        self.counters.iterations += 1
+        host = {k: float(v) for k, v in fetched.items()}
+        host.update(staleness)
+        host.update(
+            phase=0.0 if warmup else 1.0,
+            policy_version=float(self.counters.policy_version),
+            skipped_policy_steps=float(self.counters.skipped_policy_steps),
+            skipped_critic_steps=float(self.counters.skipped_critic_steps),
+        )
+        return host
+
+    def _fused_iteration(
+        self, fns: Mapping[str, Any], device_batch: dict[str, jax.Array], warmup: bool
+    ) -> tuple[Metrics, dict[str, Any]]:
+        """One compiled program per phase (`learner_steps`' `iteration` / `warmup_iteration`);
+        params and optimizer states are donated and replaced. Returns device metrics and skip
+        counts."""
+        out: dict[str, Any]
+        if warmup:
+            self.critic_params, self.critic_opt_state, out = fns["warmup_iteration"](
+                self.critic_params, self._critic_frozen, self.critic_opt_state, device_batch
+            )
+        elif self.algorithm.uses_critic:
+            (
+                self.policy_params,
+                self.policy_opt_state,
+                self.critic_params,
+                self.critic_opt_state,
+                out,
+            ) = fns["iteration"](
+                self.policy_params,
+                self._policy_frozen,
+                self.policy_opt_state,
+                self.critic_params,
+                self._critic_frozen,
+                self.critic_opt_state,
+                device_batch,
+            )
+        else:
+            self.policy_params, self.policy_opt_state, out = fns["iteration"](
+                self.policy_params, self._policy_frozen, self.policy_opt_state, device_batch
+            )
+        metrics: Metrics = {f"batch/{k}": v for k, v in out["stats"].items()}
+        for model in ("policy", "critic"):
+            metrics.update({f"{model}/{k}": v for k, v in out.get(model, {}).items()})
+        skipped = {m: out.get(f"{m}_skipped", 0) for m in ("policy", "critic")}
+        return metrics, skipped
+
+    def _stepwise_iteration(
+        self, fns: Mapping[str, Any], device_batch: dict[str, jax.Array], warmup: bool
+    ) -> tuple[Metrics, dict[str, Any]]:
+        """The reference path: `prepare`, each policy step and each critic step as separate
+        jitted calls, queued back to back (nothing is read until the caller's one host read)."""
         critic_args = (
             (self.critic_params, self._critic_frozen) if self.algorithm.uses_critic else ()
         )
@@ -167,13 +247,9 @@ class Learner:
             self.policy_params, self._policy_frozen, *critic_args, device_batch
         )
         metrics: Metrics = {f"batch/{k}": v for k, v in prepared["stats"].items()}
-        # The steps' `skipped` flags stay on the device until the one host read at the end, so
-        # the steps are queued back to back instead of waiting for each other's results.
         skipped: dict[str, list[jax.Array]] = {"policy": [], "critic": []}
-        warmup = self.in_warmup
         if not warmup:
-            epochs = self.config.ppo_epochs if self.algorithm.behaviour == "old_policy" else 1
-            for _ in range(epochs):
+            for _ in range(policy_steps(self.config)):
                 self.policy_params, self.policy_opt_state, policy_metrics = fns["policy"](
                     self.policy_params,
                     self._policy_frozen,
@@ -196,25 +272,7 @@ class Learner:
                 )
                 skipped["critic"].append(critic_metrics["skipped"])
             metrics.update({f"critic/{k}": v for k, v in critic_metrics.items()})
-        fetched, skipped = jax.device_get((metrics, skipped))
-        policy_skips = sum(int(x) for x in skipped["policy"])
-        critic_skips = sum(int(x) for x in skipped["critic"])
-        self.counters.skipped_policy_steps += policy_skips
-        self.counters.policy_version += len(skipped["policy"]) - policy_skips
-        self.counters.skipped_critic_steps += critic_skips
-        self.counters.critic_steps += len(skipped["critic"]) - critic_skips
-        if warmup:
-            self.counters.warmup_iterations += 1
-        self.counters.iterations += 1
-        host = {k: float(v) for k, v in fetched.items()}
-        host.update(staleness)
-        host.update(
-            phase=0.0 if warmup else 1.0,
-            policy_version=float(self.counters.policy_version),
-            skipped_policy_steps=float(self.counters.skipped_policy_steps),
-            skipped_critic_steps=float(self.counters.skipped_critic_steps),
-        )
-        return host
+        return metrics, {m: sum(flags, start=0) for m, flags in skipped.items()}
 
     def fit_value_head(
         self, batches: Iterable[Mapping[str, np.ndarray]], *, ridge: float = 1e-2

@@ -7,7 +7,20 @@
 - `critic(params, frozen, opt_state, batch, returns, old_values)` -> guarded update;
 - `logprobs(params, frozen, batch)` -> [R, T] (at every position);
 - `value_moments(critic_params, critic_frozen, batch)` -> least-squares statistics of the value
-  head on the batch's Monte-Carlo returns (`objectives.value_head_moments`).
+  head on the batch's Monte-Carlo returns (`objectives.value_head_moments`);
+- `iteration(policy_params, policy_frozen, policy_opt, [critic_params, critic_frozen,
+  critic_opt,] batch)` -> one whole learner iteration in one program: `prepare`, the policy
+  step(s) (`policy_steps(config)` of them, a `lax.scan`), then `critic_steps` critic steps (a
+  `lax.scan`), each a guarded update; returns the new params / optimizer states (the inputs are
+  donated) and `{"stats", "policy", "critic"}` (the batch statistics, the last step's metrics of
+  each model) plus `policy_skipped` / `critic_skipped`, the number of skipped steps;
+- `warmup_iteration(critic_params, critic_frozen, critic_opt, batch)` -> the critic warm-up's
+  iteration (values, returns, `critic_steps` critic steps; the policy is not read), same output
+  without the policy entries.
+
+`prepare`, `policy` and `critic` called in that order from Python are the step-by-step form of
+`iteration` (the same functions traced into one program; `tests/train/test_train_fused_iteration.py`
+checks both agree).
 
 With `spec.action_capacity` K the steps run the LM head and the value head at the action tokens
 only (at most K per row; `objectives.ActionPositions`): `behaviour_logp` and `values` are then 0
@@ -36,13 +49,13 @@ from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
 from sao_jax.train.steps import Placement, guarded_update, make_optimizer
 
-# Fields that only steer the Python loop, never what is traced.
+# Fields that only steer the Python side, never what is traced. `critic_steps` and
+# `ppo_epochs` are traced: they are the scan lengths of the fused `iteration`.
 _LOOP_ONLY_FIELDS = {
-    "critic_steps": 1,
     "critic_warmup_steps": 0,
-    "ppo_epochs": 1,
     "reset_optimizer_on_sync": False,
     "group_size": 1,
+    "fused_iteration": True,
 }
 
 
@@ -99,6 +112,26 @@ def policy_loss_fn(config: LearnerConfig):
     return get_policy_loss(algorithm.policy_loss, **bounds)
 
 
+def policy_steps(config: LearnerConfig) -> int:
+    """Policy steps per (non-warm-up) iteration: `ppo_epochs` for a ratio against the learner's
+    own old policy (one step would never clip), else one."""
+    return config.ppo_epochs if get_algorithm(config.algorithm).behaviour == "old_policy" else 1
+
+
+def _repeat(step, steps: int, params: Any, opt_state: Any) -> tuple[Any, Any, Any, jax.Array]:
+    """`steps` guarded updates `step(params, opt_state) -> (params, opt_state, metrics)` under
+    `lax.scan`: returns the params, the optimizer state, the last step's metrics and how many
+    steps were skipped."""
+
+    def body(carry, _):
+        params, opt_state, metrics = step(*carry)
+        return (params, opt_state), metrics
+
+    (params, opt_state), metrics = jax.lax.scan(body, (params, opt_state), length=steps)
+    last = jax.tree.map(lambda x: x[-1], metrics)
+    return params, opt_state, last, jnp.sum(metrics["skipped"])
+
+
 def _build(spec: StepSpec) -> dict[str, Any]:
     config, sh = spec.config, spec.shardings
     algorithm = get_algorithm(config.algorithm)
@@ -124,16 +157,19 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             "clip": config.opd_clip,
         }
 
-    def prepare(policy_params, policy_frozen, *rest):
-        *critic_state, batch = rest
+    def behaviour_logprobs(policy_params, policy_frozen, batch):
+        if algorithm.behaviour != "old_policy":
+            return batch["rollout_logp"].astype(jnp.float32)
+        policy = nnx.merge(policy_graphdef, policy_params, policy_frozen)
+        logp, _, _ = objectives.policy_logprobs(
+            policy, batch, chunk_size=config.logprob_chunk_size, action_capacity=capacity
+        )
+        return jax.lax.stop_gradient(logp)
+
+    def targets(critic_state, batch):
+        """Advantages (plus values and returns for GAE) and the batch statistics."""
         mask = objectives.action_mask(batch)
-        out = {"behaviour_logp": batch["rollout_logp"].astype(jnp.float32)}
-        if algorithm.behaviour == "old_policy":
-            policy = nnx.merge(policy_graphdef, policy_params, policy_frozen)
-            logp, _, _ = objectives.policy_logprobs(
-                policy, batch, chunk_size=config.logprob_chunk_size, action_capacity=capacity
-            )
-            out["behaviour_logp"] = jax.lax.stop_gradient(logp)
+        out = {}
         stats = batch_stats(batch, mask)
         valid = batch["traj_index"] >= 0
         if algorithm.advantage == "gae":
@@ -175,6 +211,12 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         out["advantages"] = advantages
         stats["advantage_mean"] = masked_token_mean(advantages, mask)
         stats["advantage_abs_mean"] = masked_token_mean(jnp.abs(advantages), mask)
+        return out, stats
+
+    def prepare(policy_params, policy_frozen, *rest):
+        *critic_state, batch = rest
+        out, stats = targets(critic_state, batch)
+        out["behaviour_logp"] = behaviour_logprobs(policy_params, policy_frozen, batch)
         out["stats"] = stats
         return out
 
@@ -256,6 +298,69 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             return objectives.value_head_moments(critic, batch, returns, action_capacity=capacity)
 
         fns["value_moments"] = place.jit(value_moments, (*critic_in, batch_sh), rep)
+
+    def critic_phase(critic_params, critic_frozen, critic_opt, prepared, batch):
+        def step(params, opt_state):
+            return critic_update(
+                params, critic_frozen, opt_state, batch, prepared["returns"], prepared["values"]
+            )
+
+        return _repeat(step, config.critic_steps, critic_params, critic_opt)
+
+    def iteration(policy_params, policy_frozen, policy_opt, *rest):
+        *critic_state, batch = rest
+        prepared, stats = targets(critic_state[:2], batch)
+        behaviour = behaviour_logprobs(policy_params, policy_frozen, batch)
+
+        def step(params, opt_state):
+            return policy_update(
+                params, policy_frozen, opt_state, batch, prepared["advantages"], behaviour
+            )
+
+        policy_params, policy_opt, policy_metrics, policy_skipped = _repeat(
+            step, policy_steps(config), policy_params, policy_opt
+        )
+        out = {"stats": stats, "policy": policy_metrics, "policy_skipped": policy_skipped}
+        if not algorithm.uses_critic:
+            return policy_params, policy_opt, out
+        critic_params, critic_frozen, critic_opt = critic_state
+        critic_params, critic_opt, critic_metrics, critic_skipped = critic_phase(
+            critic_params, critic_frozen, critic_opt, prepared, batch
+        )
+        out.update(critic=critic_metrics, critic_skipped=critic_skipped)
+        return policy_params, policy_opt, critic_params, critic_opt, out
+
+    policy_state = (sh.policy_params, sh.policy_frozen, sh.policy_opt)
+    if algorithm.uses_critic:
+        critic_state = (sh.critic_params, sh.critic_frozen, sh.critic_opt)
+        fns["iteration"] = place.jit(
+            iteration,
+            (*policy_state, *critic_state, batch_sh),
+            (sh.policy_params, sh.policy_opt, sh.critic_params, sh.critic_opt, rep),
+            donate_argnums=(0, 2, 3, 5),
+        )
+
+        def warmup_iteration(critic_params, critic_frozen, critic_opt, batch):
+            prepared, stats = targets((critic_params, critic_frozen), batch)
+            critic_params, critic_opt, critic_metrics, critic_skipped = critic_phase(
+                critic_params, critic_frozen, critic_opt, prepared, batch
+            )
+            out = {"stats": stats, "critic": critic_metrics, "critic_skipped": critic_skipped}
+            return critic_params, critic_opt, out
+
+        fns["warmup_iteration"] = place.jit(
+            warmup_iteration,
+            (*critic_state, batch_sh),
+            (sh.critic_params, sh.critic_opt, rep),
+            donate_argnums=(0, 2),
+        )
+    else:
+        fns["iteration"] = place.jit(
+            iteration,
+            (*policy_state, batch_sh),
+            (sh.policy_params, sh.policy_opt, rep),
+            donate_argnums=(0, 2),
+        )
     return fns
 
 
