@@ -6,7 +6,10 @@ small ALFWorld games), in one run:
 1. refill: the same games, weights and seeds played with `refill="continuous"` (a finished
    reply's slot is refilled at the next dispatch) and `refill="lockstep"` (a batch of turns
    waits for its longest reply). The episodes are checked identical token for token, so the
-   ratio is pure scheduling. Reported: episodes/s, env steps/s, generated tokens/s.
+   ratio is pure scheduling. Reported: episodes/s, env steps/s, generated tokens/s. A third
+   mode, `uncached`, is slot refill without the prefill savings (no prefix caching, one
+   prefill dispatch per load, attention over the whole cache: `docs/rollout.md`, "Prefill"),
+   checked identical token for token too.
 2. pipeline: `policy_steps` learner iterations, each consuming `episodes_per_step` episodes
    read back through the ATDP loader, with the `RolloutEngine` synchronous (generate, then
    train) and asynchronous (workers keep generating while the learner trains, staleness <=
@@ -19,6 +22,7 @@ Compilation is excluded (a warm-up pass runs every shape first).
 
     python benchmarks/rollout_throughput.py [envs=32] [episodes=64] [max_steps=20]
         [layout=windowed] [context=1024] [policy_steps=6] [episodes_per_step=16]
+        [prompt_style=paper] [history_length=2]
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ class BenchConfig:
     bc_steps: behaviour-cloning steps ([8, 512] windowed expert-demo rows) before measuring
       (0: random weights, whose replies all run to max_new_tokens; a cloned policy's replies
       and episodes vary in length like a trained one's).
+    prompt_style: rollout prompt wording of the refill comparison ("paper" or "compact").
+    history_length: windowed history pairs of the refill comparison.
     out_dir: scratch directory for the ATDP store (deleted afterwards).
     """
 
@@ -90,22 +96,36 @@ class BenchConfig:
     learner_updates: int = 3
     max_staleness: int = 1
     bc_steps: int = 100
+    prompt_style: str = "paper"
+    history_length: int = 2
     out_dir: str = "/tmp/rollout_bench"
 
 
-def play(sampler, tokenizer, config: BenchConfig, refill: str, games: range):
+MODES = {"continuous": ("continuous", True), "lockstep": ("lockstep", True)}
+MODES["uncached"] = ("continuous", False)  # (refill, prefill savings)
+
+
+def play(sampler, tokenizer, config: BenchConfig, mode: str, games: range):
+    refill, savings = MODES[mode]
     rollout = RolloutConfig(
         layout=config.layout,
         max_new_tokens=config.max_new_tokens,
         max_context_tokens=config.context,
         decode_chunk=config.decode_chunk,
         refill=refill,
+        prefix_cache=savings,
+        prompt_style=config.prompt_style,
+        history_length=config.history_length,
     )
     envs = EnvConfig(max_steps=config.max_steps).make_envs(config.envs)
     loop = AgentLoop(sampler, tokenizer, envs, rollout)
-    start = time.perf_counter()
-    episodes = [e for group in loop.play(games) for e in group]
-    return time.perf_counter() - start, episodes
+    sampler.split_prefill = sampler.attention_window = savings
+    try:
+        start = time.perf_counter()
+        episodes = [e for group in loop.play(games) for e in group]
+        return time.perf_counter() - start, episodes
+    finally:
+        sampler.split_prefill = sampler.attention_window = True
 
 
 def describe(episodes) -> str:
@@ -121,19 +141,20 @@ def describe(episodes) -> str:
 def refill_comparison(sampler, tokenizer, config: BenchConfig) -> dict:
     # Other games than the measured ones, enough to meet every prefill shape once.
     warm = range(3000, 3000 + config.episodes)
-    for refill in ("continuous", "lockstep", "continuous"):
-        play(sampler, tokenizer, config, refill, warm)
+    for mode in ("continuous", "lockstep", "uncached", "continuous"):
+        play(sampler, tokenizer, config, mode, warm)
     games = range(config.episodes)
-    times, last = {"continuous": [], "lockstep": []}, {}
+    times, last = {mode: [] for mode in MODES}, {}
     for _ in range(config.repeats):  # interleaved: the machine is shared
-        for refill in times:
-            seconds, last[refill] = play(sampler, tokenizer, config, refill, games)
-            times[refill].append(seconds)
+        for mode in times:
+            seconds, last[mode] = play(sampler, tokenizer, config, mode, games)
+            times[mode].append(seconds)
     key = lambda e: e.game_index  # noqa: E731
     reference = sorted(last["continuous"], key=key)
-    for a, b in zip(reference, sorted(last["lockstep"], key=key), strict=True):
-        for ta, tb in zip(a.turns, b.turns, strict=True):
-            assert np.array_equal(ta.output_ids, tb.output_ids), "schedules diverged"
+    for other in ("lockstep", "uncached"):
+        for a, b in zip(reference, sorted(last[other], key=key), strict=True):
+            for ta, tb in zip(a.turns, b.turns, strict=True):
+                assert np.array_equal(ta.output_ids, tb.output_ids), f"{other} diverged"
     steps = sum(e.steps for e in reference)
     tokens = sum(e.generated_tokens for e in reference)
     out = {}
@@ -279,7 +300,7 @@ def main(argv: list[str]) -> None:
     )
     print(f"policy: {refill['describe']}")
     print(f"{'mode':<11} {'seconds':>8} {'episodes/s':>11} {'env steps/s':>12} {'tokens/s':>9}")
-    for mode in ("continuous", "lockstep"):
+    for mode in MODES:
         r = refill[mode]
         print(
             f"{mode:<11} {r['seconds']:8.2f} {r['episodes/s']:11.2f} "
@@ -287,6 +308,8 @@ def main(argv: list[str]) -> None:
         )
     ratio = refill["lockstep"]["seconds"] / refill["continuous"]["seconds"]
     print(f"slot refill is {ratio:.2f}x lock-step")
+    ratio = refill["uncached"]["seconds"] / refill["continuous"]["seconds"]
+    print(f"the prefill savings make slot refill {ratio:.2f}x its uncached path")
 
     try:
         store = AtdpStore.open(str(root / "pipeline"))
