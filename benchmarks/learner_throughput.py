@@ -1,4 +1,5 @@
-"""SAO learner iteration, heads at every position vs at the action tokens only, side by side.
+"""SAO learner iteration, side by side: heads at every position vs at the action tokens only
+(`compare=heads`), or the step-by-step iteration vs the fused one (`compare=fused`).
 
 One SAO iteration (prepare: critic values + linked GAE; one DIS policy step; K = 2 critic steps)
 of the `experiments.alfworld_sao` `tiny` preset's learner (model preset tiny, 4 experts,
@@ -7,12 +8,15 @@ windowed RL batch: `rows` x `seq_len` tokens, real lengths uniform in [200, 250]
 tokens at the end of each row's real tokens (one LLM reply per row), rows grouped 8 turns to a
 trajectory, a terminal reward on the last turn.
 
-Two learners from the same weights, `head_positions="all"` (the LM head and the value head at
-all R x T positions) and `"actions"` (at a per-row capacity K of gathered action tokens), are
+`compare=heads`: two learners from the same weights, `head_positions="all"` (the LM head and
+the value head at all R x T positions) and `"actions"` (at a per-row capacity K of gathered
+action tokens). `compare=fused`: two learners with the heads at the action tokens,
+`fused_iteration=False` (prepare, the policy step and each critic step jitted apart, called
+from Python, one host read) and `True` (the whole iteration one compiled program). Both are
 compiled first, then timed alternately; the best of `repeats` is reported with the ratio, the
 share of head positions that carry a gradient, and the machine load.
 
-    python benchmarks/learner_throughput.py [rows=128] [seq_len=256] [repeats=3]
+    python benchmarks/learner_throughput.py [rows=128] [seq_len=256] [repeats=3] [compare=heads]
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class BenchConfig:
     repeats: timed iterations per path, alternating (the best is reported).
     turns: rows (LLM calls) per trajectory.
     seed: batch and model seed.
+    compare: "heads" (heads at all positions vs the action tokens) or "fused" (step-by-step
+      iteration vs the fused one).
     """
 
     rows: int = 128
@@ -43,6 +49,7 @@ class BenchConfig:
     repeats: int = 3
     turns: int = 8
     seed: int = 0
+    compare: str = "heads"
 
 
 def windowed_batch(config: BenchConfig, vocab_size: int) -> dict[str, np.ndarray]:
@@ -81,7 +88,9 @@ def windowed_batch(config: BenchConfig, vocab_size: int) -> dict[str, np.ndarray
 
 
 def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
-    """XLA's FLOP count of one iteration's programs: prepare + policy step + K critic steps."""
+    """XLA's FLOP count of one iteration's programs: prepare + policy step + K critic steps
+    (counted on the step-by-step programs: XLA's count of the fused one sees each scan body
+    once, whatever its trip count)."""
     device_batch = learner._device_batch(batch)
     fns = learner._functions(device_batch, learner._action_capacity(batch))
     policy = (learner.policy_params, learner._policy_frozen)
@@ -121,22 +130,37 @@ def main(argv: list[str]) -> None:
     tokenizer = build_tokenizer(experiment)
     batch = windowed_batch(config, tokenizer.vocab_size)
     learner_config = dataclasses.replace(experiment.learner, critic_warmup_steps=0)
+    if config.compare == "heads":
+        variants = {
+            where: dataclasses.replace(learner_config, head_positions=where)
+            for where in ("all", "actions")
+        }
+    elif config.compare == "fused":
+        variants = {
+            path: dataclasses.replace(
+                learner_config, head_positions="actions", fused_iteration=path == "fused"
+            )
+            for path in ("stepwise", "fused")
+        }
+    else:
+        raise ValueError(f"compare must be 'heads' or 'fused', got {config.compare!r}")
     learners = {
-        where: Learner(
-            dataclasses.replace(learner_config, head_positions=where),
-            build_model(experiment, tokenizer),  # the same weights (seeded), own buffers
-        )
-        for where in ("all", "actions")
+        name: Learner(cfg, build_model(experiment, tokenizer))  # same weights (seeded), own buffers
+        for name, cfg in variants.items()
     }
     capacity = objectives.action_capacity_for(batch["loss_mask"])
     num_actions = int((batch["loss_mask"][:, 1:] != 0).sum())
     r, t = batch["tokens"].shape
-    model = learners["all"].model_config
-    head_positions = {"all": r * t, "actions": r * capacity}
+    model = next(iter(learners.values())).model_config
+    head_positions = {
+        name: r * t if learner.config.head_positions == "all" else r * capacity
+        for name, learner in learners.items()
+    }
     print(
         f"model: {model.num_layers} layers, d_model {model.d_model}, "
         f"{model.num_experts} experts, vocab {model.vocab_size}; "
-        f"batch {r} x {t}, {num_actions} action tokens (K = {capacity} per row)",
+        f"batch {r} x {t}, {num_actions} action tokens (K = {capacity} per row); "
+        f"critic_steps {learner_config.critic_steps}",
         flush=True,
     )
     for where, learner in learners.items():
@@ -153,20 +177,22 @@ def main(argv: list[str]) -> None:
             learner.iteration(batch)
             times[where].append(time.perf_counter() - start)
     best = {where: min(ts) for where, ts in times.items()}
+    first, second = learners
+    label = "heads at" if config.compare == "heads" else "iteration"
     print(
-        f"\n| heads at | head positions | with signal | GFLOP / iteration | "
+        f"\n| {label:9} | head positions | with signal | GFLOP / iteration | "
         f"s / iteration (best of {config.repeats}) |"
     )
-    print("|----------|---------------:|------------:|------------------:|------------:|")
+    print("|-----------|---------------:|------------:|------------------:|------------:|")
     for where in learners:
         share = num_actions / head_positions[where]
         print(
-            f"| {where:8} | {head_positions[where]:14,} | {share:10.1%} | "
+            f"| {where:9} | {head_positions[where]:14,} | {share:10.1%} | "
             f"{flops[where] / 1e9:17.1f} | {best[where]:11.3f} |"
         )
     print(
-        f"\nall / actions: {best['all'] / best['actions']:.2f}x faster per iteration, "
-        f"{flops['all'] / flops['actions']:.2f}x fewer FLOPs; all runs (s): {times}; "
+        f"\n{first} / {second}: {best[first] / best[second]:.2f}x faster per iteration, "
+        f"{flops[first] / flops[second]:.2f}x fewer FLOPs; all runs (s): {times}; "
         f"load avg (1 min) during timing: {min(loads):.2f}..{max(loads):.2f}; "
         f"{os.cpu_count()} CPUs, backend {jax.default_backend()}"
     )
