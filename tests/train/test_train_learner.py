@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from train_factories import episode, first_batch, tiny_policy, write_store
+from train_factories import episode, exact_learner_config, first_batch, tiny_policy, write_store
 
 from sao_jax.checkpoint import Checkpointer
 from sao_jax.losses import adaptive_lambda, sao_policy_loss
 from sao_jax.sharding import MeshConfig, make_mesh
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import LearnerConfig
 from sao_jax.train.learner import Learner
 from sao_jax.train.partition import path_string
 
@@ -21,15 +21,7 @@ LR = 1e-3
 
 
 def config(**changes) -> LearnerConfig:
-    """No clipping, no aux / entropy terms: updates are exactly Adam's first step on the loss."""
-    base = LearnerConfig(
-        policy_optimizer=OptimizerConfig(learning_rate=LR, max_grad_norm=0.0),
-        critic_optimizer=OptimizerConfig(learning_rate=LR, max_grad_norm=0.0),
-        critic_warmup_steps=0,
-        load_balance_loss_weight=0.0,
-        router_z_loss_weight=0.0,
-    )
-    return dataclasses.replace(base, **changes)
+    return exact_learner_config(LR, **changes)
 
 
 @pytest.fixture(scope="module")

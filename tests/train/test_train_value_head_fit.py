@@ -2,28 +2,19 @@
 returns on the critic's own features, checked against numpy's lstsq on hidden states read from
 the model directly; it lowers the value loss the warm-up starts from; errors are named."""
 
-import dataclasses
-
 import numpy as np
 import pytest
-from train_factories import episode, first_batch, tiny_policy, write_store
+from train_factories import episode, exact_learner_config, first_batch, tiny_policy, write_store
 
 from sao_jax.sharding import MeshConfig, make_mesh
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import LearnerConfig
 from sao_jax.train.learner import Learner
 
 REWARDS = (0.0, 1.0, 3.0, 0.0, 2.0, 5.0)
 
 
 def config(**changes) -> LearnerConfig:
-    base = LearnerConfig(
-        policy_optimizer=OptimizerConfig(learning_rate=1e-3, max_grad_norm=0.0),
-        critic_optimizer=OptimizerConfig(learning_rate=1e-3, max_grad_norm=0.0),
-        critic_warmup_steps=1,
-        load_balance_loss_weight=0.0,
-        router_z_loss_weight=0.0,
-    )
-    return dataclasses.replace(base, **changes)
+    return exact_learner_config(**{"critic_warmup_steps": 1, **changes})
 
 
 @pytest.fixture(scope="module")

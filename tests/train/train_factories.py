@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from atdp_io import (
@@ -20,9 +22,23 @@ from atdp_io import (
 )
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from sao_jax.models import get_model_config, init_model
+from sao_jax.train import LearnerConfig, OptimizerConfig
 
 VOCAB = 48
 TENANT = "train-tests"
+
+
+def exact_learner_config(learning_rate: float = 1e-3, **changes) -> LearnerConfig:
+    """No clipping, no aux / entropy terms, no warm-up unless asked: updates are exactly
+    Adam's first step on the loss."""
+    base = LearnerConfig(
+        policy_optimizer=OptimizerConfig(learning_rate=learning_rate, max_grad_norm=0.0),
+        critic_optimizer=OptimizerConfig(learning_rate=learning_rate, max_grad_norm=0.0),
+        critic_warmup_steps=0,
+        load_balance_loss_weight=0.0,
+        router_z_loss_weight=0.0,
+    )
+    return dataclasses.replace(base, **changes)
 
 
 def tiny_policy(seed: int = 0, **overrides):
