@@ -218,8 +218,6 @@ def test_the_launcher_takes_the_models_remat_names(capsys):
     with pytest.raises(SystemExit):
         main([*base, *model, "--remat", "selective"])
     assert "invalid choice: 'selective'" in capsys.readouterr().err
-    # The experiment's ModelSpec has no remat field yet: a launch refuses a remat it would drop.
-    with pytest.raises(SystemExit) as exit_info:
-        main([*base, "--remat", "full"])
-    assert exit_info.value.code == 2
-    assert "has no ModelSpec.remat field" in capsys.readouterr().err
+    # A launch hands the remat to the job's model (ModelSpec.remat).
+    assert main([*base, "--remat", "full"]) == 0
+    assert "model.remat=full" in capsys.readouterr().out
