@@ -293,7 +293,7 @@ class Learner:
         """
         if not self.algorithm.uses_critic:
             raise ValueError(f"algorithm {self.algorithm.name!r} has no critic to fit")
-        head = self.critic_params.get("value_head") if "value_head" in self.critic_params else None
+        head = self.critic_params.get("value_head")
         if head is None:
             raise ValueError(
                 "Learner.fit_value_head: the value head is frozen (LearnerConfig.critic_trainable "
