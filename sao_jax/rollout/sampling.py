@@ -62,8 +62,12 @@ def _inverse_cdf(probs: jax.Array, keys: jax.Array) -> jax.Array:
     return jnp.minimum(index, probs.shape[-1] - 1)
 
 
-def _filtered_probs(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array):
-    """Top-k then top-p (HF order) on sorted logits -> (kept probs [B, V] sorted, order)."""
+def _filtered_probs(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Top-k then top-p (HF order) -> the kept probs [B, V], in vocabulary order.
+
+    The filter runs on sorted logits; the result goes back to vocabulary order so that every
+    row draws from a CDF in the same order whether or not it (or a neighbour) filters.
+    """
     vocab = scaled.shape[-1]
     order = jnp.argsort(-scaled, axis=-1)
     sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
@@ -72,7 +76,9 @@ def _filtered_probs(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array):
     probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep = keep & (mass_before < top_p[:, None])  # smallest prefix with mass >= top_p
-    return jnp.where(keep, probs, 0.0), order
+    kept = jnp.where(keep, probs, 0.0)
+    rows = jnp.arange(scaled.shape[0])[:, None]
+    return jnp.zeros_like(kept).at[rows, order].set(kept)
 
 
 def sample_tokens(
@@ -94,16 +100,17 @@ def sample_tokens(
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
 
-    def plain(scaled: jax.Array) -> jax.Array:
-        return _inverse_cdf(jax.nn.softmax(scaled, axis=-1), keys)
-
-    def filtered(scaled: jax.Array) -> jax.Array:
-        probs, order = _filtered_probs(scaled, top_k, top_p)
-        return jnp.take_along_axis(order, _inverse_cdf(probs, keys)[:, None], axis=-1)[:, 0]
-
     def sample(scaled: jax.Array) -> jax.Array:
-        # The full-vocabulary sort runs only when some row filters.
-        return jax.lax.cond(jnp.any((top_k > 0) | (top_p < 1.0)), filtered, plain, scaled)
+        # A row that does not filter draws from its plain softmax whatever its neighbours do
+        # (batch invariance), and the full-vocabulary sort runs only when some row filters.
+        plain = jax.nn.softmax(scaled, axis=-1)
+        filters = (top_k > 0) | (top_p < 1.0)
+
+        def filtered(scaled: jax.Array) -> jax.Array:
+            return jnp.where(filters[:, None], _filtered_probs(scaled, top_k, top_p), plain)
+
+        probs = jax.lax.cond(jnp.any(filters), filtered, lambda s: plain, scaled)
+        return _inverse_cdf(probs, keys)
 
     argmax = greedy_tokens(logits)
     sampled = jax.lax.cond(

@@ -10,9 +10,9 @@ LOGITS = jnp.log(jnp.array([0.30, 0.25, 0.15, 0.10, 0.08, 0.05, 0.04, 0.02, 0.00
 DRAWS = 4000
 
 
-def _draw(temperature, top_k, top_p):
+def _draw(temperature, top_k, top_p, logits=LOGITS):
     """DRAWS samples of 4 rows with the given per-row settings -> [DRAWS, 4]."""
-    logits = jnp.tile(LOGITS, (4, 1))
+    logits = jnp.tile(logits, (4, 1))
     settings = (jnp.array(temperature, jnp.float32), jnp.array(top_k), jnp.array(top_p))
 
     @jax.jit
@@ -43,6 +43,18 @@ def test_top_k_and_top_p_combine_in_hf_order():
     assert set(np.unique(draws[:, 1])) == {0, 1, 2, 3, 4}
     assert np.all(draws[:, 2] == 0)
     assert set(np.unique(draws[:, 3])) == set(range(8))  # mass before token 8 is 0.99
+
+
+def test_a_rows_draw_does_not_depend_on_its_neighbours_settings():
+    # Same keys, same row 0 / row 1 settings; only the other rows' filters change. A row that
+    # does not filter must draw from its plain softmax even when a neighbour filters (the
+    # neighbours' sort must not reorder its CDF), and a filtering row likewise.
+    shuffled = LOGITS[jnp.array([3, 0, 7, 1, 9, 2, 5, 8, 4, 6])]  # not already in sorted order
+    alone = _draw([1.0, 1.0, 1.0, 1.0], [0, 3, 0, 0], [1.0, 1.0, 1.0, 1.0], shuffled)
+    mixed = _draw([1.0, 1.0, 0.0, 1.0], [0, 3, 2, 0], [1.0, 1.0, 1.0, 0.5], shuffled)
+    np.testing.assert_array_equal(mixed[:, :2], alone[:, :2])
+    plain = _draw([1.0] * 4, [0] * 4, [1.0] * 4, shuffled)  # no row filters: no sort runs
+    np.testing.assert_array_equal(alone[:, 0], plain[:, 0])
 
 
 def test_token_logprob_is_temperature_one_log_softmax():
