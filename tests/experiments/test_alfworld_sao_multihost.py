@@ -124,7 +124,17 @@ def tenant_sizes(store_path) -> dict[str, int]:
     return sizes
 
 
+def stream_progress(meta: dict) -> list[tuple[int, int]]:
+    """Per process, how far its RL stream got: (the cursor of the read its position is in,
+    items of that read consumed) -- a checkpoint stores a position as the stream's state
+    before the current read plus a skip count, so the cursor alone can stay 0."""
+    return [
+        (next(iter(p["parent"]["cursors"].values())), p["skip"]) for p in meta["data"]["by_process"]
+    ]
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two launches, each with its own 420 s limit
 def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
     """The launcher's command on 2 local processes x 2 fake devices (each process a host):
     every phase runs, each process plays into its own ATDP partitions, the learner's batches
@@ -170,7 +180,9 @@ def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
     assert meta["rollout_stats"]["episodes"] >= 4  # both engines counted (2 per version)
     positions = [p["parent"]["cursors"] for p in meta["data"]["by_process"]]
     assert [sorted(p) for p in positions] == [["rollouts-p0"], ["rollouts-p1"]]
-    assert all(next(iter(p.values())) > 0 for p in positions)
+    # asynchronous: on a loaded machine one process's stream can stay idle for both steps
+    # (its batches empty), so only one is sure to have moved; the synchronous part reads both
+    assert any(progress > (0, 0) for progress in stream_progress(meta))
     assert (out / "learning_curve.png").is_file()
     logs = [path.read_text() for path in result.logs]  # the summary table: process 0 only
     assert "unseen_success_start" in logs[0] and "unseen_success_start" not in logs[1]
@@ -185,8 +197,8 @@ def test_the_start_command_runs_in_two_processes_and_resumes(tmp_path, capsys):
     last = [r for r in read_metrics(out) if r.get("phase") == 1.0][-1]
     assert last["batch/processes_with_rows"] == 2 and last["batch/trajectories"] >= 2
     with Checkpointer(shared / "checkpoints", create=False) as saved:
-        later = [p["parent"]["cursors"] for p in saved.metadata()["data"]["by_process"]]
-    for before, after in zip(positions, later, strict=True):
-        assert before.keys() == after.keys()
-        for tenant, cursor in before.items():  # each continued its own stream
-            assert after[tenant] >= cursor, tenant
+        later_meta = saved.metadata()
+    later = [p["parent"]["cursors"] for p in later_meta["data"]["by_process"]]
+    assert [p.keys() for p in later] == [p.keys() for p in positions]  # each kept its stream
+    for before, after in zip(stream_progress(meta), stream_progress(later_meta), strict=True):
+        assert after >= before and after > (0, 0)  # ... continued it, and the sync round read
