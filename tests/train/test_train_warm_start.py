@@ -133,7 +133,7 @@ def test_held_out_imitation_rises_to_exact_replies_when_cloning_memorises_them(t
     cloner = BehaviourCloner(tiny_policy(), OptimizerConfig(learning_rate=3e-2))
     before = cloner.evaluate(evaluation)
     assert before["replies"] == 2 * 3 and before["action_accuracy"] < 0.5
-    cloner.run(batches, 60)
+    cloner.run(batches, 150)  # 60 was on the edge of memorising on some CPUs (0.94 tokens)
     after = cloner.evaluate(evaluation)
     assert after["nll"] < 0.2 * before["nll"]
     assert after["token_accuracy"] == 1.0 and after["action_accuracy"] == 1.0
