@@ -19,6 +19,7 @@ if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FAKE_DEVICES).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
@@ -29,7 +30,5 @@ flags.FLAGS.mark_as_parsed()
 def _release_compiled_code():
     """Drop every executable compiled for a module once the module is done (see above)."""
     yield
-    import jax
-
     jax.clear_caches()
     gc.collect()
