@@ -5,6 +5,9 @@ active `Grant` from that tenant naming the principal and the purpose; every cros
 (allowed or denied), every grant and every revocation is written to the owner's audit log.
 Operator principals (`operator:<name>`; tenant ids cannot contain ':') may run maintenance
 (`inspect` counts, `purge`) on any partition without content access; those runs are audited too.
+The one way an operator reads content, ineligible data included, is the `operator_review`
+purpose: it needs a stated reason, and the opening and every read of a trajectory a training
+reader would refuse are audited.
 
 Principals are strings the caller has already authenticated (the gateway's job); this module
 decides and records what each may read.
@@ -26,6 +29,7 @@ from atdp_io.schema import check_tenant_id
 
 OPERATOR_PREFIX = "operator:"
 MAINTENANCE_PURPOSES = frozenset({"inspect", "purge"})
+OPERATOR_REVIEW = "operator_review"  # same string as governance.OPERATOR_REVIEW
 
 
 class AccessDenied(PermissionError):
@@ -141,10 +145,18 @@ class AccessControl:
             by_id[revoked.grant_id] = revoked
         return sorted(by_id.values(), key=lambda g: g.granted_at)
 
-    def check(self, tenant: str, principal: str, purpose: str, *, content: bool) -> None:
-        """Raises `AccessDenied` unless `principal` may read `tenant` for `purpose` (audited)."""
+    def check(
+        self, tenant: str, principal: str, purpose: str, *, content: bool, reason: str = ""
+    ) -> None:
+        """Raises `AccessDenied` unless `principal` may read `tenant` for `purpose` (audited).
+
+        `reason`: why an operator opens an `operator_review` reader (required there).
+        """
         check_tenant_id(tenant)
         _check_principal(principal, "principal")
+        if purpose == OPERATOR_REVIEW:
+            self._check_review(tenant, principal, reason)
+            return
         if principal == tenant:
             return
         if is_operator(principal) and purpose in MAINTENANCE_PURPOSES and not content:
@@ -168,6 +180,23 @@ class AccessControl:
         raise AccessDenied(
             f"{principal!r} has no active grant to read tenant {tenant!r} for {purpose!r}"
         )
+
+    def _check_review(self, tenant: str, principal: str, reason: str) -> None:
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"{OPERATOR_REVIEW}: give a non-empty reason, got {reason!r}")
+        allowed = is_operator(principal)
+        self.audit(
+            tenant,
+            principal=principal,
+            action=OPERATOR_REVIEW,
+            purpose=OPERATOR_REVIEW,
+            allowed=allowed,
+            detail={"reason": reason},
+        )
+        if not allowed:
+            raise AccessDenied(
+                f"{principal!r} may not open an {OPERATOR_REVIEW!r} reader (operators only)"
+            )
 
     def audit(
         self,

@@ -2,7 +2,10 @@
 
 - inspect: per tenant, trajectories (closed / open / purged), events, tokens, rewards and how
   many trajectories a training job may use (with the reasons the others may not).
-- export: JSONL, one trajectory per line with its token streams, for a principal with access.
+- export: JSONL, one trajectory per line with its token streams, for a principal with access;
+  expired and consent-withdrawn (or denied) trajectories never leave the store, and with
+  `--eligible-only` only what a training job may use does. An operator exports anything only
+  as an audited review: `--principal operator:<name> --review-reason TEXT`.
 - purge: erase expired trajectories (retention), or list them with --dry-run.
 
 Inspect and purge run as an operator (`--principal operator:<name>`, the default) without
@@ -21,7 +24,7 @@ from tabulate import tabulate
 
 from atdp_io import codec
 from atdp_io.access import AccessDenied
-from atdp_io.governance import EligibilityPolicy, ineligibility_reason
+from atdp_io.governance import EXPORT, OPERATOR_REVIEW
 from atdp_io.locking import PartitionLockedError
 from atdp_io.report import partition_report
 from atdp_io.store import AtdpStore
@@ -63,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
         "--eligible-only", action="store_true", help="only trajectories a training job may use"
     )
     export.add_argument("--include-open", action="store_true", help="also unclosed trajectories")
+    export.add_argument(
+        "--review-reason",
+        default="",
+        help="operators: export as an audited operator_review (ineligible data included)",
+    )
     commands.choices["purge"].add_argument("--dry-run", action="store_true")
     return parser
 
@@ -94,22 +102,23 @@ def _inspect(store: AtdpStore, tenants: list[str], args) -> int:
 
 
 def _export(store: AtdpStore, tenants: list[str], args) -> int:
-    policy, now, written = EligibilityPolicy(), _now(store, args), 0
+    now, written = _now(store, args), 0
+    purpose = OPERATOR_REVIEW if args.review_reason else EXPORT
     out = sys.stdout if args.out == "-" else open(args.out, "w")  # noqa: SIM115
     try:
         for tenant in tenants:
             try:
-                reader = store.reader(tenant, principal=args.principal, purpose="export")
+                reader = store.reader(
+                    tenant, principal=args.principal, purpose=purpose, reason=args.review_reason
+                )
             except AccessDenied as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 1
             reader.refresh()
-            for entry in reader.entries(closed_only=not args.include_open):
-                if args.eligible_only and ineligibility_reason(
-                    entry.governance(), entry.redaction(reader.index.records), now, policy
-                ):
-                    continue
-                trajectory = reader.read_entries([entry])[0]
+            # The reader leaves out what its purpose may not serve at `now`.
+            listing = reader.eligible_entries if args.eligible_only else reader.entries
+            for entry in listing(closed_only=not args.include_open, now=now):
+                trajectory = reader.read_entries([entry], now=now)[0]
                 line = {"tenant": tenant, "trajectory": codec.trajectory_to_export(trajectory)}
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
                 written += 1

@@ -4,6 +4,13 @@ Governance is written once with the header; later changes (a review decision, a 
 withdrawal, a shorter retention) are appended as `GovernanceUpdate` annotations and folded in
 here in commit order. The loader asks `ineligibility_reason` for every trajectory it would emit,
 at read time, so an expiry that passed or a consent withdrawn after writing takes effect at once.
+
+`refusal_reason` is the one rule every content reader applies (see reader.py), by purpose:
+- `training`: the whole `EligibilityPolicy` (`ineligibility_reason`).
+- `export` (data leaving the store): expired, or consent denied / withdrawn.
+- `operator_review`: nothing refused; only operators get such a reader, each read of a
+  trajectory another purpose would refuse is audited.
+- any other purpose (serving a session back, a custom grant): expired.
 """
 
 from __future__ import annotations
@@ -20,6 +27,12 @@ from atdp_io.schema import (
     RedactionStatus,
     ReviewStatus,
 )
+
+TRAINING = "training"
+EXPORT = "export"
+OPERATOR_REVIEW = "operator_review"
+TRAINING_PURPOSES = frozenset({TRAINING})
+LEAVING_PURPOSES = frozenset({EXPORT})
 
 # Ordered from weakest to strongest guarantee; a trajectory is as weak as its weakest record.
 _REDACTION_RANK = {
@@ -107,4 +120,42 @@ def ineligibility_reason(
         return "human_review"
     if redaction not in policy.allowed_redaction:
         return "redaction"
+    return None
+
+
+class IneligibleTrajectoryError(PermissionError):
+    """A read asked for trajectories its purpose may not serve; nothing was read.
+
+    `reasons` maps each refused trajectory id to its reason code (see `ineligibility_reason`).
+    """
+
+    def __init__(self, tenant: str, purpose: str, reasons: dict[str, str]):
+        self.tenant, self.purpose, self.reasons = tenant, purpose, dict(reasons)
+        listed = ", ".join(f"{k!r} ({v})" for k, v in list(self.reasons.items())[:8])
+        more = f" and {len(self.reasons) - 8} more" if len(self.reasons) > 8 else ""
+        super().__init__(
+            f"{len(self.reasons)} trajectories of {tenant!r} may not be read for {purpose!r}: "
+            f"{listed}{more} (operators: purpose {OPERATOR_REVIEW!r}, audited)"
+        )
+
+
+def refusal_reason(
+    purpose: str,
+    governance: Governance,
+    redaction: RedactionStatus,
+    now: float,
+    policy: EligibilityPolicy,
+) -> str | None:
+    """None when a reader for `purpose` may serve the trajectory's content, else a reason."""
+    if purpose == OPERATOR_REVIEW:
+        return None
+    if purpose in TRAINING_PURPOSES:
+        return ineligibility_reason(governance, redaction, now, policy)
+    if is_expired(governance, now):
+        return "expired"
+    if purpose in LEAVING_PURPOSES and governance.consent in (
+        ConsentStatus.DENIED,
+        ConsentStatus.WITHDRAWN,
+    ):
+        return "consent"
     return None

@@ -10,8 +10,9 @@ Trajectories are read in groups (one TensorStore batch per group), laid out as r
 and packed into `[rows, seq_len]` batches without ever splitting a trajectory, nor, with
 `LoaderConfig.group_by`, a group of trajectories committed together (groups.py). Iterators are
 checkpointable (`get_state` / `set_state`). Governance is enforced at read time from the index:
-an ineligible, consent-withdrawn, expired or purged trajectory is never even read, and a batch
-is re-checked against purges just before it leaves.
+an ineligible, consent-withdrawn, expired or purged trajectory is never even read (the training
+readers underneath refuse one anyway), and a batch is re-checked against purges, expiry and
+governance updates just before it leaves.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import grain
 
 from atdp_io import groups as groups_lib
 from atdp_io import rows as rows_lib
-from atdp_io.governance import EligibilityPolicy, ineligibility_reason
+from atdp_io.governance import EligibilityPolicy, IneligibleTrajectoryError, ineligibility_reason
 from atdp_io.pipeline import LoaderStarvedError as LoaderStarvedError  # the iterators raise it
 from atdp_io.pipeline import ReadGroup, StreamSource, TrajectoryBatcher, TrajectoryRows
 from atdp_io.schema import SchemaError
@@ -131,7 +132,10 @@ class AtdpLoader:
         self._shard = shard
         # Opening a reader checks (and audits) the principal's right to each partition up front.
         self.readers = {
-            t: store.reader(t, principal=principal, purpose="training") for t in sorted(tenants)
+            t: store.reader(
+                t, principal=principal, purpose="training", eligibility=config.eligibility
+            )
+            for t in sorted(tenants)
         }
         self._read_lock = threading.Lock()
 
@@ -216,11 +220,12 @@ class AtdpLoader:
         Trajectories that must not train are left out and counted by reason.
         """
         group_of = dict(zip(keys, groups, strict=True)) if groups is not None else {}
-        eligible = [key for key in keys if self._eligible(*key)]
+        now = self._clock()  # one time for the check and the read, so they cannot disagree
+        eligible = [key for key in keys if self._eligible(*key, now)]
         views = {}
         for tenant in dict.fromkeys(t for t, _ in eligible):
             rows = [row for t, row in eligible if t == tenant]
-            read = self._views(tenant, rows)
+            read = self._views(tenant, rows, now)
             views.update(((tenant, row), v) for row, v in zip(rows, read, strict=True))
         items = []
         for key in eligible:
@@ -242,18 +247,18 @@ class AtdpLoader:
             items.append(TrajectoryRows(key[0], view.trajectory_id, key[1], rows, group))
         return items
 
-    def not_purged_since(self, items: Sequence[TrajectoryRows]) -> list[bool]:
-        """Re-checks, just before a batch leaves, that no item was purged after it was read.
+    def still_allowed(self, items: Sequence[TrajectoryRows]) -> list[bool]:
+        """Re-checks, just before a batch leaves, each item against purges and governance.
 
         A purge commits its tombstone before erasing bytes, so data read before this check is
-        intact unless the tombstone is visible now; then the item is dropped (counted).
+        intact unless the tombstone is visible now; a consent withdrawn, a review rejection or
+        an expiry since the read makes the item ineligible now. Either drops it (counted).
         """
         with self._read_lock:
             for tenant in {item.tenant for item in items}:
                 self.readers[tenant].refresh()
-        kept = [not self.readers[i.tenant].index.by_row[i.row].purged for i in items]
-        self.stats.add("dropped_purged", kept.count(False))
-        return kept
+        now = self._clock()
+        return [self._eligible(item.tenant, item.row, now) for item in items]
 
     def _snapshot(self) -> list[tuple[str, int]]:
         """(tenant, trajectory row) of every closed trajectory, in commit order per tenant."""
@@ -280,35 +285,32 @@ class AtdpLoader:
         groups = [unit[0] for unit in batch for _ in unit]
         return ReadGroup(self.load_many(keys, groups), num_keys=len(keys))
 
-    def _eligible(self, tenant: str, row: int) -> bool:
+    def _eligible(self, tenant: str, row: int, now: float) -> bool:
         index = self.readers[tenant].index
         entry = index.by_row.get(row)
         if entry is None or entry.purged:
             self.stats.add("dropped_purged")
             return False
         reason = ineligibility_reason(
-            entry.governance(),
-            entry.redaction(index.records),
-            self._clock(),
-            self.config.eligibility,
+            entry.governance(), entry.redaction(index.records), now, self.config.eligibility
         )
         self.stats.add(f"dropped_ineligible_{reason}", int(reason is not None))
         return reason is None
 
-    def _views(self, tenant: str, rows: list[int]) -> list:
+    def _views(self, tenant: str, rows: list[int], now: float) -> list:
         """Training views of `rows`, None for any purged while reading (the read races the
-        erase of a purge whose tombstone this reader had not seen yet)."""
+        erase of a purge whose tombstone this reader had not seen yet) or made ineligible by a
+        governance update another thread's refresh indexed since the check."""
         reader = self.readers[tenant]
         sources = self.config.reward_weights is not None
         try:
             entries = [reader.index.by_row[row] for row in rows]
-            return reader.read_training_views(entries, reward_sources=sources)
-        except SchemaError:
+            return reader.read_training_views(entries, reward_sources=sources, now=now)
+        except (SchemaError, IneligibleTrajectoryError):
             self.refresh()
-            live = [row for row in rows if not reader.index.by_row[row].purged]
-            self.stats.add("dropped_purged", len(rows) - len(live))
+            live = [row for row in rows if self._eligible(tenant, row, now)]
             entries = [reader.index.by_row[row] for row in live]
-            read = reader.read_training_views(entries, reward_sources=sources)
+            read = reader.read_training_views(entries, reward_sources=sources, now=now)
             views = dict(zip(live, read, strict=True))
             return [views.get(row) for row in rows]
 

@@ -173,7 +173,7 @@ class _BatcherIterator(grain.DatasetIterator):
             used += size
         if not groups or (config.drop_remainder and used < config.rows and self._exhausted):
             raise StopIteration
-        kept = self._loader.not_purged_since([item for item, _ in groups])
+        kept = self._loader.still_allowed([item for item, _ in groups])
         groups = [group for group, keep in zip(groups, kept, strict=True) if keep]
         stats.add("batches")
         stats.add("rows_emitted", sum(len(rows) for _, rows in groups))

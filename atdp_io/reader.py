@@ -4,12 +4,19 @@ A reader never looks past `head.json`, so it sees exactly the committed prefix o
 while a writer appends. `refresh()` is incremental: it reads only records committed since the
 last call. Trajectories are read whole, with all token ranges and JSON payloads fetched in one
 TensorStore batch.
+
+Governance is enforced here, at read time, for the reader's purpose (`governance.refusal_reason`;
+`now` defaults to the store clock and every method takes it explicitly too): listings
+(`entries`, `trajectory_ids`) leave out what the purpose may not serve, and reads of explicit
+trajectories (`read`, `read_entries`, `read_training_views`) raise `IneligibleTrajectoryError`
+naming each refused id and read nothing. Maintenance readers (no content access) list everything.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +24,13 @@ import tensorstore as ts
 
 from atdp_io import codec, layout
 from atdp_io.access import AccessDenied
+from atdp_io.governance import (
+    OPERATOR_REVIEW,
+    TRAINING,
+    EligibilityPolicy,
+    IneligibleTrajectoryError,
+    refusal_reason,
+)
 from atdp_io.index import PartitionIndex, TrajectoryEntry, bits_float
 from atdp_io.layout import Col, Head, PartitionArrays, RecordKind
 from atdp_io.rows import LLMTurn, TrainingView
@@ -55,7 +69,12 @@ def sync_index(index: PartitionIndex, arrays: PartitionArrays, head: Head) -> li
 
 
 class PartitionReader:
-    """Read access to one tenant partition (construct through `AtdpStore.reader`)."""
+    """Read access to one tenant partition for one purpose (construct through `AtdpStore.reader`).
+
+    `policy` is what a `training` reader accepts; `clock` gives `now` for expiry checks;
+    `audit(action, detail)` records each operator-review read of a trajectory another purpose
+    would refuse.
+    """
 
     def __init__(
         self,
@@ -65,9 +84,17 @@ class PartitionReader:
         *,
         content: bool = True,
         context: ts.Context | None = None,
+        purpose: str = TRAINING,
+        policy: EligibilityPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        audit: Callable[[str, dict], None] | None = None,
     ):
         self.tenant = tenant
         self.content = content  # False for maintenance readers: index and counts, no payloads
+        self.purpose = purpose
+        self.policy = policy or EligibilityPolicy()
+        self._clock = clock
+        self._audit = audit
         self._partition = dict(partition)
         self._config = config
         self._context = context or ts.Context()
@@ -88,14 +115,43 @@ class PartitionReader:
         self.head = head
         return sync_index(self.index, self._arrays, head)
 
-    def entries(self, *, closed_only: bool = True) -> list[TrajectoryEntry]:
-        """Unpurged trajectories in order of their OPEN record."""
-        return [
+    def entries(
+        self, *, closed_only: bool = True, now: float | None = None
+    ) -> list[TrajectoryEntry]:
+        """Unpurged trajectories this reader may serve, in order of their OPEN record."""
+        listed = [
             e for e in self.index.by_id.values() if not e.purged and (e.closed or not closed_only)
         ]
+        if not self.content:
+            return listed  # maintenance: counts and ids only, never content
+        now = self._clock() if now is None else now
+        return [e for e in listed if self.refusal(e, now) is None]
 
-    def trajectory_ids(self, *, closed_only: bool = True) -> list[str]:
-        return [e.trajectory_id for e in self.entries(closed_only=closed_only)]
+    def trajectory_ids(self, *, closed_only: bool = True, now: float | None = None) -> list[str]:
+        return [e.trajectory_id for e in self.entries(closed_only=closed_only, now=now)]
+
+    def refusal(
+        self, entry: TrajectoryEntry, now: float, *, purpose: str | None = None
+    ) -> str | None:
+        """Why this reader (or one for `purpose`) may not serve `entry` at `now`, or None."""
+        return refusal_reason(
+            purpose or self.purpose,
+            entry.governance(),
+            entry.redaction(self.index.records),
+            now,
+            self.policy,
+        )
+
+    def eligible_entries(
+        self, *, closed_only: bool = True, now: float | None = None
+    ) -> list[TrajectoryEntry]:
+        """The entries a training job may use at `now` (an `eligible_only` export)."""
+        now = self._clock() if now is None else now
+        return [
+            e
+            for e in self.entries(closed_only=closed_only, now=now)
+            if self.refusal(e, now, purpose=TRAINING) is None
+        ]
 
     def entry(self, trajectory_id: str) -> TrajectoryEntry:
         entry = self.index.by_id.get(trajectory_id)
@@ -105,27 +161,54 @@ class PartitionReader:
             )
         return entry
 
-    def read(self, trajectory_id: str) -> Trajectory:
+    def read(self, trajectory_id: str, *, now: float | None = None) -> Trajectory:
         """The trajectory as committed, with its late annotations (open ones have no outcome)."""
-        return self.read_entries([self.entry(trajectory_id)])[0]
+        return self.read_entries([self.entry(trajectory_id)], now=now)[0]
 
-    def read_entries(self, entries: Sequence[TrajectoryEntry]) -> list[Trajectory]:
+    def read_entries(
+        self, entries: Sequence[TrajectoryEntry], *, now: float | None = None
+    ) -> list[Trajectory]:
         """Decodes several trajectories with one batched fetch of their bytes."""
+        self._check_servable(entries, now)
         fetched = self._fetch_entries(entries, meta=True)
         records = self.index.records
         return [_decode_trajectory(entry, records, fetched) for entry in entries]
 
     def read_training_views(
-        self, entries: Sequence[TrajectoryEntry], *, reward_sources: bool = False
+        self,
+        entries: Sequence[TrajectoryEntry],
+        *,
+        reward_sources: bool = False,
+        now: float | None = None,
     ) -> list[TrainingView]:
         """The loader's fast path: token streams and rewards, no event records decoded.
 
         Without `reward_sources` each event's rewards come summed from the record table (one
         reward of source "*"), and no JSON payload is read at all.
         """
+        self._check_servable(entries, now)
         fetched = self._fetch_entries(entries, meta=reward_sources)
         records = self.index.records
         return [_training_view(e, records, fetched, reward_sources) for e in entries]
+
+    def _check_servable(self, entries: Sequence[TrajectoryEntry], now: float | None) -> None:
+        """Raises `IneligibleTrajectoryError` unless every entry may be served now; audits an
+        operator review's reads of trajectories a training reader would refuse."""
+        if not self.content:
+            raise AccessDenied(f"this reader of {self.tenant!r} has no content access")
+        now = self._clock() if now is None else now
+        live = [e for e in entries if not e.purged]  # purged ones fail in _fetch_entries
+        refused = {e.trajectory_id: r for e in live if (r := self.refusal(e, now)) is not None}
+        if refused:
+            raise IneligibleTrajectoryError(self.tenant, self.purpose, refused)
+        if self.purpose == OPERATOR_REVIEW and self._audit is not None:
+            exceptions = {
+                e.trajectory_id: r
+                for e in live
+                if (r := self.refusal(e, now, purpose=TRAINING)) is not None
+            }
+            if exceptions:
+                self._audit("operator_read_ineligible", {"trajectories": exceptions, "now": now})
 
     def _fetch_entries(self, entries: Sequence[TrajectoryEntry], *, meta: bool) -> dict:
         if not self.content:

@@ -8,25 +8,33 @@ reader = store.reader("acme", principal="acme")   # another principal needs a gr
 reader.refresh()
 trajectory = reader.read(reader.trajectory_ids()[0])
 ```
+
+Store-level changes of a partition (retention purges, deletions, consent withdrawals) go
+through the partition's live writer when this process has one open (`writer()` remembers it),
+else through a short-lived writer of their own; another process's live writer makes them raise
+`PartitionLockedError` on local files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import tensorstore as ts
 
-from atdp_io import layout
-from atdp_io.access import AccessControl, AccessDenied, Grant
-from atdp_io.governance import is_expired
+from atdp_io import deletion, layout
+from atdp_io.access import AccessControl, AccessDenied, Grant, is_operator
+from atdp_io.governance import EligibilityPolicy, is_expired
 from atdp_io.reader import PartitionReader
 from atdp_io.redaction import Redactor
-from atdp_io.schema import check_tenant_id
+from atdp_io.schema import ConsentStatus, GovernanceUpdate, check_tenant_id
 from atdp_io.writer import PartitionWriter
 
 _MARKER = "atdp.json"
@@ -50,6 +58,13 @@ class AtdpStore:
         self.context = context or ts.Context()
         self.access = AccessControl(self.root, clock, self.context)
         self._kvstore = ts.KvStore.open(self.root, context=self.context).result()
+        # This process's live writers, so maintenance reuses them rather than fight their lock;
+        # the per-tenant lock keeps a maintenance writer and `writer()` from racing for it.
+        self._live: weakref.WeakValueDictionary[str, PartitionWriter] = (
+            weakref.WeakValueDictionary()
+        )
+        self._tenant_locks: dict[str, threading.RLock] = {}
+        self._locks_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -99,22 +114,53 @@ class AtdpStore:
     def writer(self, tenant: str, *, redactor: Redactor | None = None) -> PartitionWriter:
         """The (single) writer of `tenant`'s partition, created on first use."""
         spec = self.partition_spec(tenant)
-        self._kvstore.write(f"partitions/{tenant}", b"").result()
-        return PartitionWriter(
-            spec, tenant, self.config, redactor=redactor, clock=self.clock, context=self.context
-        )
+        with self._tenant_lock(tenant):
+            self._kvstore.write(f"partitions/{tenant}", b"").result()
+            writer = PartitionWriter(
+                spec, tenant, self.config, redactor=redactor, clock=self.clock, context=self.context
+            )
+            self._live[tenant] = writer
+        return writer
 
-    def reader(self, tenant: str, *, principal: str, purpose: str = "training") -> PartitionReader:
-        """A reader of `tenant`'s partition for `principal`.
+    def reader(
+        self,
+        tenant: str,
+        *,
+        principal: str,
+        purpose: str = "training",
+        eligibility: EligibilityPolicy | None = None,
+        reason: str = "",
+    ) -> PartitionReader:
+        """A reader of `tenant`'s partition for `principal` and `purpose`.
 
         Raises `AccessDenied` unless `principal` is the tenant, holds an active grant for
-        `purpose`, or is an operator running maintenance (a reader without content access).
-        Cross-tenant and operator access is recorded in the tenant's audit log.
+        `purpose`, or is an operator running maintenance (a reader without content access) or
+        an `operator_review` (content, ineligible data included; needs `reason`). Cross-tenant
+        and operator access is recorded in the tenant's audit log. The reader refuses what
+        `purpose` may not serve (see reader.py); `eligibility` is a training reader's policy.
         """
         content = not (purpose in ("inspect", "purge") and principal != tenant)
-        self.access.check(tenant, principal, purpose, content=content)
+        self.access.check(tenant, principal, purpose, content=content, reason=reason)
         spec = self.partition_spec(tenant)
-        return PartitionReader(spec, tenant, self.config, content=content, context=self.context)
+
+        def audit(action: str, detail: dict) -> None:
+            detail = {**detail, "reason": reason}
+            self.access.audit(
+                tenant, principal=principal, action=action, purpose=purpose, allowed=True,
+                detail=detail,
+            )  # fmt: skip
+
+        return PartitionReader(
+            spec,
+            tenant,
+            self.config,
+            content=content,
+            context=self.context,
+            purpose=purpose,
+            policy=eligibility,
+            clock=self.clock,
+            audit=audit,
+        )
 
     def purge_expired(
         self, tenant: str, *, principal: str, now: float | None = None, dry_run: bool = False
@@ -135,7 +181,7 @@ class AtdpStore:
                 for e in reader.entries(closed_only=False)
                 if is_expired(e.governance(), now)
             ]
-        with self.writer(tenant) as writer:
+        with self._maintenance_writer(tenant) as writer:
             purged = writer.purge_expired(now)
         self.access.audit(
             tenant,
@@ -147,6 +193,98 @@ class AtdpStore:
         )
         return purged
 
+    def delete_trajectories(
+        self,
+        tenant: str,
+        *,
+        requested_by: str,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        trajectory_ids: Sequence[str] | None = None,
+        reason: str,
+    ) -> list[str]:
+        """Erases the selected trajectories' bytes (as a purge does); returns their ids.
+
+        Selectors combine with AND (see deletion.py; `user_id` matches `header.task["user_id"]`).
+        `requested_by` must be the tenant itself or an operator. Audited, as is a refusal. A
+        bad request raises (`ValueError`, `AccessDenied`, `deletion.UnknownTenantError`,
+        `TrajectoryNotFound`) before anything changes.
+        """
+        selection = deletion.check_request(
+            "delete_trajectories",
+            requested_by=requested_by,
+            session_id=session_id,
+            user_id=user_id,
+            trajectory_ids=trajectory_ids,
+        )
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"delete_trajectories: give a non-empty reason, got {reason!r}")
+        self._check_steward(tenant, requested_by, "delete", selection)
+        with self._maintenance_writer(tenant) as writer:
+            chosen = deletion.select(self._index(tenant), selection, tenant)
+            deleted = writer.purge(chosen, reason=f"deletion request: {reason}") if chosen else []
+        detail = {**selection.as_detail(), "reason": reason, "deleted": deleted}
+        self.access.audit(
+            tenant,
+            principal=requested_by,
+            action="delete",
+            purpose="deletion",
+            allowed=True,
+            detail=detail,
+        )
+        return deleted
+
+    def withdraw_consent(
+        self,
+        tenant: str,
+        *,
+        requested_by: str,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        trajectory_ids: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Withdraws consent for the selected trajectories; returns their ids.
+
+        Each gets a `GovernanceUpdate(consent=WITHDRAWN)` annotation (none when already
+        withdrawn), so the loader, training readers and exports stop serving it on their next
+        refresh; the bytes stay until deleted or expired. Selection, permission, errors and
+        audit as for `delete_trajectories`.
+        """
+        selection = deletion.check_request(
+            "withdraw_consent",
+            requested_by=requested_by,
+            session_id=session_id,
+            user_id=user_id,
+            trajectory_ids=trajectory_ids,
+        )
+        self._check_steward(tenant, requested_by, "withdraw_consent", selection)
+        now = self.clock()
+        with self._maintenance_writer(tenant) as writer:
+            index = self._index(tenant)
+            chosen = deletion.select(index, selection, tenant)
+            updates = [
+                GovernanceUpdate(
+                    trajectory_id,
+                    timestamp=now,
+                    reason=f"consent withdrawn (requested by {requested_by})",
+                    consent=ConsentStatus.WITHDRAWN,
+                )
+                for trajectory_id in chosen
+                if index.by_id[trajectory_id].governance().consent != ConsentStatus.WITHDRAWN
+            ]
+            if updates:
+                writer.annotate(*updates)
+        detail = {**selection.as_detail(), "withdrawn": chosen, "annotated": len(updates)}
+        self.access.audit(
+            tenant,
+            principal=requested_by,
+            action="withdraw_consent",
+            purpose="consent",
+            allowed=True,
+            detail=detail,
+        )
+        return chosen
+
     def grant(self, tenant: str, grantee: str, **kwargs) -> Grant:
         """See `AccessControl.grant`."""
         return self.access.grant(tenant, grantee, **kwargs)
@@ -156,6 +294,43 @@ class AtdpStore:
 
     def audit_log(self, tenant: str) -> list[dict]:
         return self.access.audit_log(tenant)
+
+    def _check_steward(
+        self, tenant: str, principal: str, action: str, selection: deletion.Selection
+    ) -> None:
+        """Only the tenant itself or an operator changes a partition's data (refusals audited)."""
+        check_tenant_id(tenant)
+        if tenant not in self.tenants():
+            raise deletion.UnknownTenantError(f"{action}: the store has no tenant {tenant!r}")
+        if principal != tenant and not is_operator(principal):
+            self.access.audit(
+                tenant, principal=principal, action=action, purpose=action, allowed=False,
+                detail=selection.as_detail(),
+            )  # fmt: skip
+            raise AccessDenied(f"{action}: {principal!r} may not change the data of {tenant!r}")
+
+    def _index(self, tenant: str):
+        """The partition's committed index, read fresh (headers only, no content)."""
+        spec = self.partition_spec(tenant)
+        reader = PartitionReader(spec, tenant, self.config, content=False, context=self.context)
+        reader.refresh()
+        return reader.index
+
+    def _tenant_lock(self, tenant: str) -> threading.RLock:
+        with self._locks_lock:
+            return self._tenant_locks.setdefault(tenant, threading.RLock())
+
+    @contextlib.contextmanager
+    def _maintenance_writer(self, tenant: str) -> Iterator[PartitionWriter]:
+        """This process's live writer of `tenant`, else a writer for the duration."""
+        with self._tenant_lock(tenant):
+            live = self._live.get(tenant)
+            # `_closed` is the writer's own flag; a closed writer has released its lock.
+            if live is not None and not live._closed:
+                yield live
+                return
+            with self.writer(tenant) as writer:
+                yield writer
 
 
 __all__ = ["AccessDenied", "AtdpStore"]

@@ -50,10 +50,10 @@ def test_export_writes_jsonl_that_round_trips(store_path, tmp_path):
     args = ["export", str(store_path), "--principal", "acme", "--tenant", "acme", "--out", str(out)]
     assert main([*args, "--now", str(NOW)]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
+    # "old" expired at NOW - 10: expired data never leaves the store, even unpurged
     assert [line["trajectory"]["header"]["trajectory_id"] for line in lines] == [
         "a1",
         "a2",
-        "old",
         "hold",
     ]
     back = codec.trajectory_from_export(lines[0]["trajectory"])
@@ -63,7 +63,33 @@ def test_export_writes_jsonl_that_round_trips(store_path, tmp_path):
             assert a.llm.context_ids.tolist() == b.llm.context_ids.tolist()
     assert [a.reward.value for a in back.annotations] == [0.25]
     assert main([*args, "--eligible-only", "--now", str(NOW)]) == 0
-    assert len(out.read_text().splitlines()) == 2
+    exported = [json.loads(line)["trajectory"] for line in out.read_text().splitlines()]
+    assert [t["header"]["trajectory_id"] for t in exported] == ["a1", "a2"]
+    # the same export a day earlier, before "old" expired, holds it
+    assert main([*args, "--eligible-only", "--now", str(NOW - 86400)]) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_an_operator_exports_ineligible_data_only_as_an_audited_review(store_path, tmp_path):
+    out = tmp_path / "review.jsonl"
+    args = ["export", str(store_path), "--tenant", "acme", "--out", str(out), "--now", str(NOW)]
+    assert main([*args, "--principal", "operator:dpo"]) == 1  # no review reason: no content
+    assert not out.read_text()
+    assert main([*args, "--principal", "operator:dpo", "--review-reason", "ticket 42"]) == 0
+    lines = [json.loads(line)["trajectory"] for line in out.read_text().splitlines()]
+    assert [t["header"]["trajectory_id"] for t in lines] == ["a1", "a2", "old", "hold"]
+    audit = AtdpStore.open(store_path).audit_log("acme")
+    opened = [e for e in audit if e["action"] == "operator_review"]
+    assert [(e["principal"], e["allowed"], e["detail"]["reason"]) for e in opened] == [
+        ("operator:dpo", True, "ticket 42")
+    ]
+    reads = [e for e in audit if e["action"] == "operator_read_ineligible"]
+    assert [list(e["detail"]["trajectories"].items()) for e in reads] == [
+        [("old", "expired")],
+        [("hold", "not_training_eligible")],
+    ]
+    # a tenant cannot claim the operator exception
+    assert main([*args, "--principal", "acme", "--review-reason", "mine"]) == 1
 
 
 def test_export_of_another_tenant_needs_a_grant(store_path, capsys):
@@ -77,7 +103,7 @@ def test_purge_dry_run_then_purge(store_path, capsys):
     assert main(["purge", str(store_path), "--now", str(NOW)]) == 0
     assert "acme: purged 1" in capsys.readouterr().out
     store = AtdpStore.open(store_path)
-    reader = store.reader("acme", principal="acme")
+    reader = store.reader("acme", principal="acme", purpose="inspect")
     reader.refresh()
     assert reader.trajectory_ids() == ["a1", "a2", "hold"]
     audit = [e for e in store.audit_log("acme") if e["action"] == "purge"]

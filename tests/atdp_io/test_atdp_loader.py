@@ -308,7 +308,7 @@ def test_a_purge_after_reading_keeps_the_trajectory_out_of_the_batch(tmp_path):
     assert [i.trajectory_id for i in items] == ["t00", "t01", "t02"]
     writer.purge(["t01"], reason="deletion request")  # lands between read and emission
     writer.close()
-    assert loader.not_purged_since(items) == [True, False, True]
+    assert loader.still_allowed(items) == [True, False, True]
     assert loader.stats.snapshot()["dropped_purged"] == 1
 
 
