@@ -167,22 +167,27 @@ class AtdpStore:
     ) -> list[str]:
         """Retention: purges `tenant`'s expired trajectories; returns their ids (audited).
 
-        Run by the tenant itself or an operator; needs the partition's writer lock, so a live
-        writer should call `PartitionWriter.purge_expired` itself instead.
+        Run by the tenant itself or an operator. Opens a writer only when something expired:
+        this process's live writer of the partition if it has one, else its own (which fails
+        with `PartitionLockedError` while another process writes the partition).
+        `atdp_io.retention.PurgeSchedule` runs this periodically.
         """
         self.access.check(tenant, principal, "purge", content=False)
         now = self.clock() if now is None else now
+        spec = self.partition_spec(tenant)
+        reader = PartitionReader(spec, tenant, self.config, content=False, context=self.context)
+        reader.refresh()
+        expired = [
+            e.trajectory_id
+            for e in reader.entries(closed_only=False)
+            if is_expired(e.governance(), now)
+        ]
         if dry_run:
-            spec = self.partition_spec(tenant)
-            reader = PartitionReader(spec, tenant, self.config, content=False, context=self.context)
-            reader.refresh()
-            return [
-                e.trajectory_id
-                for e in reader.entries(closed_only=False)
-                if is_expired(e.governance(), now)
-            ]
-        with self._maintenance_writer(tenant) as writer:
-            purged = writer.purge_expired(now)
+            return expired
+        purged = []
+        if expired:  # no writer otherwise: on remote kvstores a writer's takeover fences others
+            with self._maintenance_writer(tenant) as writer:
+                purged = writer.purge_expired(now)
         self.access.audit(
             tenant,
             principal=principal,
@@ -220,9 +225,13 @@ class AtdpStore:
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError(f"delete_trajectories: give a non-empty reason, got {reason!r}")
         self._check_steward(tenant, requested_by, "delete", selection)
-        with self._maintenance_writer(tenant) as writer:
-            chosen = deletion.select(self._index(tenant), selection, tenant)
-            deleted = writer.purge(chosen, reason=f"deletion request: {reason}") if chosen else []
+        # Selected before any writer opens: a request that fails or matches nothing writes
+        # nothing (a writer's takeover alone rewrites the head).
+        chosen = deletion.select(self._index(tenant), selection, tenant)
+        deleted = []
+        if chosen:
+            with self._maintenance_writer(tenant) as writer:
+                deleted = writer.purge(chosen, reason=f"deletion request: {reason}")
         detail = {**selection.as_detail(), "reason": reason, "deleted": deleted}
         self.access.audit(
             tenant,
@@ -259,20 +268,20 @@ class AtdpStore:
         )
         self._check_steward(tenant, requested_by, "withdraw_consent", selection)
         now = self.clock()
-        with self._maintenance_writer(tenant) as writer:
-            index = self._index(tenant)
-            chosen = deletion.select(index, selection, tenant)
-            updates = [
-                GovernanceUpdate(
-                    trajectory_id,
-                    timestamp=now,
-                    reason=f"consent withdrawn (requested by {requested_by})",
-                    consent=ConsentStatus.WITHDRAWN,
-                )
-                for trajectory_id in chosen
-                if index.by_id[trajectory_id].governance().consent != ConsentStatus.WITHDRAWN
-            ]
-            if updates:
+        index = self._index(tenant)
+        chosen = deletion.select(index, selection, tenant)
+        updates = [
+            GovernanceUpdate(
+                trajectory_id,
+                timestamp=now,
+                reason=f"consent withdrawn (requested by {requested_by})",
+                consent=ConsentStatus.WITHDRAWN,
+            )
+            for trajectory_id in chosen
+            if index.by_id[trajectory_id].governance().consent != ConsentStatus.WITHDRAWN
+        ]
+        if updates:
+            with self._maintenance_writer(tenant) as writer:
                 writer.annotate(*updates)
         detail = {**selection.as_detail(), "withdrawn": chosen, "annotated": len(updates)}
         self.access.audit(
