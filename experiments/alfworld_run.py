@@ -229,6 +229,7 @@ def reinforcement_learning(
     steps_before = int(run.rollout_stats.get("env_steps", 0))
     episodes_before = int(run.rollout_stats.get("episodes", 0))
     writer = run.store.writer(run.tenant(ROLLOUTS))
+    retention = run.purge_schedule(ROLLOUTS)  # purges through `writer`
     engine = run.engine(
         publisher, writer, asynchronous=rl.asynchronous, tenant=ROLLOUTS, seed_offset=0
     )
@@ -295,6 +296,8 @@ def reinforcement_learning(
         trainer.run(rl.policy_steps, on_iteration)
     finally:
         bar.close()
+        if retention is not None:
+            retention.stop()
         writer.close()
     run.seconds["rl"] = rl_before + time.perf_counter() - start
     run.timing = dict(trainer.timing)

@@ -202,6 +202,9 @@ class ExperimentConfig:
         DIR/atdp).
       checkpoint_dir: checkpoint directory, a path or gs:// URL shared by every host
         (default: DIR/checkpoints).
+      atdp_purge_every_s: seconds between retention passes over this process's rollout
+        partition during RL (expired trajectories erased; readers refuse them at read time
+        regardless); 0 turns the schedule off.
     """
 
     out_dir: str = ""
@@ -221,6 +224,7 @@ class ExperimentConfig:
     mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
     atdp_path: str = ""
     checkpoint_dir: str = ""
+    atdp_purge_every_s: float = 600.0
 
 
 def tiny() -> ExperimentConfig:

@@ -18,6 +18,7 @@ from flax import nnx
 
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
+from atdp_io.retention import PurgeSchedule
 from experiments.alfworld_lengths import sized_config
 from experiments.alfworld_sao import ExperimentConfig
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
@@ -101,6 +102,10 @@ class Run:
                 "python -m experiments.alfworld_sao (see docs/scaling.md)"
             )
         check_process_split(config, self.processes)
+        if not config.atdp_purge_every_s >= 0:  # here, not hours later when RL starts
+            raise ValueError(
+                f"atdp_purge_every_s must be >= 0 seconds, got {config.atdp_purge_every_s!r}"
+            )
         self.mesh = self.job.mesh
         # a seq_len left at 0 is sized from expert games of this run's prompts (every process
         # measures the same games, so all agree)
@@ -216,6 +221,18 @@ class Run:
             current_version=current_version,
             shard=grain.sharding.ShardOptions(shard_index=0, shard_count=1),  # its own tenant
         )
+
+    def purge_schedule(self, name: str) -> PurgeSchedule | None:
+        """Retention of this process's tenant `name` while it trains: a started thread purging
+        its expired trajectories every `atdp_purge_every_s` seconds through the live writer
+        (None when that is 0). Stop it before closing the writer."""
+        every_s = self.config.atdp_purge_every_s
+        if not every_s:
+            return None
+        tenant = self.tenant(name)
+        return PurgeSchedule(
+            self.store, every_s=every_s, tenants=[tenant], principal=tenant
+        ).start()
 
     def engine(self, publisher, writer, *, asynchronous: bool, tenant: str, seed_offset: int):
         """This process's rollout engine over `writer` (its partition of `tenant`); with several
