@@ -111,7 +111,7 @@ def _export(store: AtdpStore, tenants: list[str], args) -> int:
                 reader = store.reader(
                     tenant, principal=args.principal, purpose=purpose, reason=args.review_reason
                 )
-            except AccessDenied as err:
+            except (AccessDenied, ValueError) as err:  # ValueError: a blank review reason
                 print(f"error: {err}", file=sys.stderr)
                 return 1
             reader.refresh()

@@ -133,7 +133,8 @@ class SessionBook:
         writer = await self.writer(tenant)
 
         def read():
-            reader = self.store.reader(tenant, principal=tenant)
+            # serving a session back, not training: only expiry is refused (atdp_io governance)
+            reader = self.store.reader(tenant, principal=tenant, purpose="serving")
             reader.refresh()
             trajectory = reader.read(session_id)
             session = None if trajectory.closed else writer.resume(session_id)

@@ -88,6 +88,7 @@ def test_an_operator_exports_ineligible_data_only_as_an_audited_review(store_pat
         [("old", "expired")],
         [("hold", "not_training_eligible")],
     ]
+    assert main([*args, "--principal", "operator:dpo", "--review-reason", " "]) == 1
     # a tenant cannot claim the operator exception
     assert main([*args, "--principal", "acme", "--review-reason", "mine"]) == 1
 

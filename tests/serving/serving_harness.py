@@ -163,7 +163,10 @@ def api(url: str, path: str, body: dict | None = None, key: str | None = ADMIN_K
 
 def read_trajectories(buffer: Path, tenant: str) -> dict:
     """Every trajectory (open ones too) of `tenant` in the store at `buffer`, by id."""
-    reader = AtdpStore.open(str(buffer), create=False).reader(tenant, principal=tenant)
+    store = AtdpStore.open(str(buffer), create=False)
+    # "inspect": the tenant's own view, training-ineligible ones included (a training reader
+    # would leave them out)
+    reader = store.reader(tenant, principal=tenant, purpose="inspect")
     reader.refresh()
     return {t: reader.read(t) for t in reader.trajectory_ids(closed_only=False)}
 
