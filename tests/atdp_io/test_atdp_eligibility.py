@@ -6,12 +6,14 @@ operator reads ineligible data only through an audited `operator_review` reader.
 """
 
 import dataclasses
+import json
 
 import grain
 import pytest
 from atdp_factories import NOW, agent_trajectory
 
 from atdp_io import AccessDenied, AtdpStore, ConsentStatus, Governance, ReviewStatus
+from atdp_io.cli import main
 from atdp_io.governance import IneligibleTrajectoryError
 from atdp_io.loader import AtdpLoader, LoaderConfig
 
@@ -133,6 +135,18 @@ def test_exports_hold_back_expired_and_withdrawn_data_and_eligible_only_what_tra
     # a purpose that neither trains nor exports (a session served back) still ends at expiry
     other = _reader(store, purpose="inspect")
     assert other.trajectory_ids() == [t for t in ALL if t != "expired"]
+
+
+def test_the_cli_export_applies_the_same_rule(store, tmp_path):
+    out = tmp_path / "out.jsonl"
+    args = ["export", str(tmp_path), "--principal", "acme", "--out", str(out), "--now", str(NOW)]
+
+    def exported(*extra):
+        assert main([*args, *extra]) == 0
+        return [json.loads(line)["trajectory"]["header"]["trajectory_id"] for line in open(out)]
+
+    assert exported() == ["ok", "later", "no_train", "pending"]
+    assert exported("--eligible-only") == ["ok", "later"]
 
 
 def test_a_denied_consent_is_held_back_from_exports(tmp_path):
