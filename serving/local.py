@@ -63,6 +63,10 @@ class LocalServerConfig:
       writer_threads: threads making ATDP commits durable.
       redact_disable: built-in redaction detectors to turn off, comma separated.
       max_concurrent_requests: completions in flight at the gateway before 429s.
+      prices: JSON price table (USD per 1M prompt / completion tokens per model) that fills
+        each call's cost_usd; none: costs stay unknown.
+      purge_every_s: seconds between scheduled purges of expired trajectories (the first at
+        startup); none: no scheduled purge.
     """
 
     host: str = "127.0.0.1"
@@ -90,6 +94,8 @@ class LocalServerConfig:
     writer_threads: int = 32
     redact_disable: tuple[str, ...] = ()
     max_concurrent_requests: int = 1024
+    prices: str | None = None
+    purge_every_s: float | None = 3600.0
 
     def __post_init__(self):
         if not self.buffer:
@@ -114,6 +120,8 @@ class LocalServerConfig:
             request_timeout_s=self.request_timeout_s,
             writer_threads=self.writer_threads,
             redact_disable=self.redact_disable,
+            prices=self.prices,
+            purge_every_s=self.purge_every_s,
         )
 
     def gateway_config(self) -> GatewayConfig:
@@ -171,6 +179,7 @@ def create_local_server(config: LocalServerConfig, *, worker: Worker | None = No
 
     async def lifecycle(app: web.Application):
         worker.start()
+        proxy.start()
         await router.poll_once()
         health = asyncio.create_task(router.run_health_checks())
         yield

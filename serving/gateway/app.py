@@ -2,10 +2,13 @@
 
     POST /v1/chat/completions, /v1/completions     session key or tenant key
     GET  /v1/models, /v1/models/{id}               any valid key
-    POST /rl/start_session  {"tenant"?, "task_id"?, "task"?}           admin or tenant key
+    POST /rl/start_session  {"tenant"?, "task_id"?, "task"?, "user_id"?}  admin or tenant key
     POST /rl/set_reward     {"reward", "interaction_id"?, "session_id"?, "source"?}
-    POST /rl/end_session    {"session_id"?, "success"?, "info"?}
+    POST /rl/end_session    {"session_id"?, "success"?, "info"?}  -> also the session's cost_usd
+    POST /rl/session_cost   {"session_id"?}                      -> {"session_id", "cost_usd"}
     POST /rl/export         {"tenant"?, "session_id"?, "eligible_only"?, "include_open"?}
+    POST /rl/delete         {"tenant"?, "session_id" | "user_id" | "trajectory_ids", "reason"?}
+    POST /rl/withdraw_consent {"tenant"?, "session_id" | "user_id" | "trajectory_ids"}
     POST /rl/pause, /rl/continue, /rl/update_weights {"version"?, "path", "step"?}   admin
     GET  /health, /metrics                          no key
 
@@ -14,6 +17,7 @@ Errors use OpenAI's JSON shape (`serving.common.errors`).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,8 +31,10 @@ from serving.common.http import new_app
 from serving.common.ids import session_of
 from serving.common.metrics import metrics_handler
 from serving.common.openai_requests import parse_chat_request, parse_completion_request
+from serving.gateway.audit import GatewayAudit
 from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
 from serving.gateway.config import GatewayConfig
+from serving.gateway.data_requests import parse_data_request
 from serving.gateway.gateway import Gateway
 from serving.gateway.sessions import SessionTable
 from serving.gateway.tenants import TenantDirectory
@@ -37,6 +43,7 @@ from serving.router.client import HttpRouterClient, RouterClient
 from serving.worker.client import HttpWorkerClient, WorkerClient
 
 GATEWAY = web.AppKey("gateway", Gateway)
+AUDIT = web.AppKey("audit", GatewayAudit)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -150,6 +157,11 @@ async def start_session(request: web.Request) -> web.Response:
     task_id = _optional(body, "task_id", str)
     if task_id is not None:
         task["task_id"] = task_id
+    user_id = _optional(body, "user_id", str)
+    if user_id is not None:  # the end user, for deletion / consent requests by user
+        if not user_id or len(user_id) > 256:
+            raise bad_request("'user_id' must be 1 to 256 characters", param="user_id")
+        task["user_id"] = user_id
     record, key = await gateway.start_session(tenant, task)
     models = await gateway.models()
     return web.json_response(
@@ -199,6 +211,53 @@ async def end_session(request: web.Request) -> web.Response:
     success = _optional(body, "success", bool)
     info = _optional(body, "info", dict) or {}
     return web.json_response(await gateway.end_session(record, success, info))
+
+
+async def session_cost(request: web.Request) -> web.Response:
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    body = await read_json_object(request)
+    record = owned_session(principal, gateway.sessions, _optional(body, "session_id", str))
+    return web.json_response(await gateway.session_cost(record))
+
+
+async def _data_request(request: web.Request, operation: str) -> web.Response:
+    """/rl/delete and /rl/withdraw_consent; every call, refused ones too, is audited."""
+    gateway, audit = request.app[GATEWAY], request.app[AUDIT]
+    entry: dict[str, Any] = {"route": request.path, "principal": "unauthenticated"}
+    try:
+        principal = _principal(request)
+        entry["principal"] = principal.kind if principal.is_admin else principal.tenant.name
+        if principal.kind == "session":
+            entry["principal"] = f"session:{principal.session.session_id}"
+        body = await read_json_object(request)
+        entry.update(tenant=body.get("tenant"), **{k: body.get(k) for k in _SELECTOR_KEYS})
+        parsed = parse_data_request(
+            principal,
+            body,
+            tenants=gateway.tenants,
+            sessions=gateway.sessions,
+            with_reason=operation == "delete",
+        )
+        entry.update(tenant=parsed.tenant, reason=parsed.reason)
+        ids = await getattr(gateway, operation)(parsed)
+    except ApiError as error:
+        await asyncio.to_thread(audit.record, **entry, status=error.status, error=error.message)
+        raise
+    await asyncio.to_thread(audit.record, **entry, status=200, trajectories=ids)
+    key = "deleted" if operation == "delete" else "withdrawn"
+    return web.json_response({"tenant": parsed.tenant, key: ids, "count": len(ids)})
+
+
+_SELECTOR_KEYS = ("session_id", "user_id", "trajectory_ids")
+
+
+async def delete_data(request: web.Request) -> web.Response:
+    return await _data_request(request, "delete")
+
+
+async def withdraw_consent(request: web.Request) -> web.Response:
+    return await _data_request(request, "withdraw_consent")
 
 
 async def export(request: web.Request) -> web.StreamResponse:
@@ -333,6 +392,8 @@ def create_app(
         registry=registry,
     )
     app[GATEWAY] = gateway
+    audit = GatewayAudit(config.state_dir)
+    app[AUDIT] = audit
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
@@ -340,7 +401,10 @@ def create_app(
     app.router.add_post("/rl/start_session", start_session)
     app.router.add_post("/rl/set_reward", set_reward)
     app.router.add_post("/rl/end_session", end_session)
+    app.router.add_post("/rl/session_cost", session_cost)
     app.router.add_post("/rl/export", export)
+    app.router.add_post("/rl/delete", delete_data)
+    app.router.add_post("/rl/withdraw_consent", withdraw_consent)
     app.router.add_post("/rl/pause", pause)
     app.router.add_post("/rl/continue", resume)
     app.router.add_post("/rl/update_weights", update_weights)
@@ -352,6 +416,7 @@ def create_app(
         for client in owned:
             await client.close()
         sessions.close()
+        audit.close()
 
     app.cleanup_ctx.append(cleanup)
     return app

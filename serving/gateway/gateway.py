@@ -19,6 +19,7 @@ from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.gateway.auth import Principal
 from serving.gateway.config import GatewayConfig
+from serving.gateway.data_requests import DataRequest
 from serving.gateway.sessions import SessionRecord, SessionTable
 from serving.gateway.tenants import TenantDirectory
 from serving.proxy.client import ProxyClient
@@ -224,6 +225,41 @@ class Gateway:
                 tenant, requested_by=requested_by, **kwargs
             ):
                 yield data
+
+    async def session_cost(self, record: SessionRecord) -> dict[str, Any]:
+        result = await self.proxy_client(record.proxy).session_cost(
+            record.session_id, record.tenant
+        )
+        return {"session_id": record.session_id, "tenant": record.tenant, **result}
+
+    # ------------------------------------------------------------------ data rights
+
+    async def delete(self, request: DataRequest) -> list[str]:
+        """Erases the selected trajectories on every data proxy; returns their ids. A deleted
+        session is ended here too, so its key can no longer add to it."""
+        deleted: list[str] = []
+        for proxy in self.proxies:
+            deleted += await self.proxy_client(proxy).delete(
+                request.tenant,
+                requested_by=request.requested_by,
+                reason=request.reason,
+                **request.selector,
+            )
+        for trajectory_id in deleted:  # a session's trajectory id is its session id
+            record = self.sessions.get(trajectory_id)
+            if record is not None and not record.ended:
+                await asyncio.to_thread(self.sessions.end, record)
+                await self.router.release(record.session_id)
+        return deleted
+
+    async def withdraw_consent(self, request: DataRequest) -> list[str]:
+        """Withdraws consent on the selected trajectories on every data proxy."""
+        withdrawn: list[str] = []
+        for proxy in self.proxies:
+            withdrawn += await self.proxy_client(proxy).withdraw_consent(
+                request.tenant, requested_by=request.requested_by, **request.selector
+            )
+        return withdrawn
 
     # ------------------------------------------------------------------ workers
 

@@ -6,6 +6,10 @@
     POST /reward       {"session_id", "tenant", "value", "interaction_id"?, "source"}
     POST /end          {"session_id", "tenant", "success"?, "info"}
     POST /export       {"tenant", "session_id"?, "eligible_only", "include_open", "requested_by"}
+    POST /delete       {"tenant", "requested_by", "reason", one of "session_id" / "user_id" /
+                        "trajectory_ids"} -> {"deleted": [ids]}
+    POST /withdraw_consent {"tenant", "requested_by", one selector as /delete} -> {"withdrawn"}
+    POST /session_cost {"session_id", "tenant"} -> {"trajectory_id", "cost_usd"}
     GET  /health, /metrics
 
 Requests come from the gateway, which has authenticated the caller; every route except
@@ -148,6 +152,50 @@ async def export(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _selector(body: dict) -> dict[str, Any]:
+    """The trajectory selector of /delete and /withdraw_consent (the gateway checked it)."""
+    selector = {name: _field(body, name, str, required=False) for name in ("session_id", "user_id")}
+    ids = body.get("trajectory_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise bad_request("'trajectory_ids' must be a list of strings", param="trajectory_ids")
+        selector["trajectory_ids"] = ids
+    selector = {k: v for k, v in selector.items() if v is not None}
+    if len(selector) != 1:
+        raise bad_request("give exactly one of 'session_id', 'user_id', 'trajectory_ids'")
+    return selector
+
+
+async def delete(request: web.Request) -> web.Response:
+    proxy = _proxy(request)
+    body = await read_json_object(request)
+    deleted = await proxy.delete(
+        _field(body, "tenant", str),
+        requested_by=_field(body, "requested_by", str),
+        reason=_field(body, "reason", str),
+        **_selector(body),
+    )
+    return web.json_response({"deleted": deleted})
+
+
+async def withdraw_consent(request: web.Request) -> web.Response:
+    proxy = _proxy(request)
+    body = await read_json_object(request)
+    withdrawn = await proxy.withdraw_consent(
+        _field(body, "tenant", str),
+        requested_by=_field(body, "requested_by", str),
+        **_selector(body),
+    )
+    return web.json_response({"withdrawn": withdrawn})
+
+
+async def session_cost(request: web.Request) -> web.Response:
+    proxy = _proxy(request)
+    body = await read_json_object(request)
+    result = await proxy.session_cost(_field(body, "session_id", str), _field(body, "tenant", str))
+    return web.json_response(result)
+
+
 async def health(request: web.Request) -> web.Response:
     ready = "proxy" in request.app[HOLDER]
     return web.json_response(
@@ -188,6 +236,9 @@ def create_app(
     app.router.add_post("/reward", reward)
     app.router.add_post("/end", end)
     app.router.add_post("/export", export)
+    app.router.add_post("/delete", delete)
+    app.router.add_post("/withdraw_consent", withdraw_consent)
+    app.router.add_post("/session_cost", session_cost)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler(registry))
 
@@ -228,6 +279,7 @@ def create_app(
                 registry=registry,
             )
         app[HOLDER]["proxy"] = built
+        built.start()
         yield
         await built.close()
         for client in clients.values():

@@ -42,6 +42,16 @@ class ProxyClient(Protocol):
 
     def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]: ...
 
+    async def delete(
+        self, tenant: str, *, requested_by: str, reason: str, **selector: Any
+    ) -> list[str]: ...
+
+    async def withdraw_consent(
+        self, tenant: str, *, requested_by: str, **selector: Any
+    ) -> list[str]: ...
+
+    async def session_cost(self, session_id: str, tenant: str) -> dict[str, Any]: ...
+
     async def close(self) -> None: ...
 
 
@@ -70,6 +80,15 @@ class LocalProxyClient:
 
     def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         return self.proxy.export(tenant, **kwargs)
+
+    async def delete(self, tenant, *, requested_by, reason, **selector) -> list[str]:
+        return await self.proxy.delete(tenant, requested_by=requested_by, reason=reason, **selector)
+
+    async def withdraw_consent(self, tenant, *, requested_by, **selector) -> list[str]:
+        return await self.proxy.withdraw_consent(tenant, requested_by=requested_by, **selector)
+
+    async def session_cost(self, session_id, tenant) -> dict[str, Any]:
+        return await self.proxy.session_cost(session_id, tenant)
 
     async def close(self) -> None:
         return None
@@ -172,6 +191,17 @@ class HttpProxyClient:
                     yield data
         except (TimeoutError, aiohttp.ClientConnectionError) as error:
             raise self._unavailable(error) from None
+
+    async def delete(self, tenant, *, requested_by, reason, **selector) -> list[str]:
+        body = {"tenant": tenant, "requested_by": requested_by, "reason": reason, **selector}
+        return (await self._call("/delete", body))["deleted"]
+
+    async def withdraw_consent(self, tenant, *, requested_by, **selector) -> list[str]:
+        body = {"tenant": tenant, "requested_by": requested_by, **selector}
+        return (await self._call("/withdraw_consent", body))["withdrawn"]
+
+    async def session_cost(self, session_id, tenant) -> dict[str, Any]:
+        return await self._call("/session_cost", {"session_id": session_id, "tenant": tenant})
 
     async def close(self) -> None:
         if self._session is not None:

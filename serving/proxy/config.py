@@ -21,6 +21,10 @@ class ProxyConfig:
       writer_threads: threads running durable ATDP commits (concurrent sessions share commits).
       redact_disable: built-in redaction detectors to turn off (e.g. phone), comma separated.
       service_key: bearer key of the internal APIs (None: no check; loopback only).
+      prices: JSON price table (USD per 1M prompt / completion tokens per model; see
+        docs/serving.md) that fills each call's cost_usd; None: costs stay unknown.
+      purge_every_s: seconds between scheduled purges of expired trajectories in every tenant
+        of the buffer (the first runs at startup); None: no scheduled purge.
     """
 
     host: str = "127.0.0.1"
@@ -32,6 +36,8 @@ class ProxyConfig:
     writer_threads: int = 32
     redact_disable: tuple[str, ...] = ()
     service_key: str | None = None
+    prices: str | None = None
+    purge_every_s: float | None = 3600.0
 
     def __post_init__(self):
         if not self.buffer:
@@ -40,3 +46,5 @@ class ProxyConfig:
             raise ValueError("ProxyConfig.writer_threads must be >= 1")
         if self.request_timeout_s <= 0:
             raise ValueError("ProxyConfig.request_timeout_s must be > 0")
+        if self.purge_every_s is not None and not self.purge_every_s > 0:
+            raise ValueError("ProxyConfig.purge_every_s must be > 0 seconds (or None: off)")

@@ -5,10 +5,14 @@ One chat completion: the conversation is rendered with the served tokenizer's Ch
 (tools included); the worker streams tokens (`runner.py`); the reply is parsed for tool calls
 (`responses.py`); the new messages / tool results and the llm_call event are committed in one
 durable append (`recorder.py`); only then is the response, or a stream's final chunk, sent.
+
+The proxy also prices each call (`pricing.py`), erases or withdraws consent on request, and
+(from `start` to `close`) purges expired trajectories on a schedule (`atdp_io.retention`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -17,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from atdp_io import AtdpStore, Envelope, Outcome, Redactor
+from atdp_io.retention import PurgeSchedule
 from sao_jax.tokenizers import Tokenizer
 from serving.common import ids
 from serving.common.errors import ApiError, bad_request
@@ -24,6 +29,7 @@ from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy import responses
 from serving.proxy.config import ProxyConfig
+from serving.proxy.pricing import PriceTable
 from serving.proxy.recorder import CallRecord, CallRecorder
 from serving.proxy.runner import (
     CallContext,
@@ -63,6 +69,14 @@ class ProxyMetrics:
             "sao_proxy_worker_moves", "Generations continued on another worker.", registry=r
         )
         self.rewards = Counter("sao_proxy_rewards", "Rewards recorded.", registry=r)
+        # Tenants and models are few and known to the operator; sessions are not, so a
+        # session's cost is kept on the session instead (see docs/serving.md).
+        self.cost_usd = Counter(
+            "sao_proxy_cost_usd",
+            "US dollars of recorded completions, from the price table.",
+            ["tenant", "model"],
+            registry=r,
+        )
 
 
 def _sse(payload: Mapping[str, Any] | str) -> bytes:
@@ -102,13 +116,20 @@ class DataProxy:
             envelope,
         )
         self.runner = GenerationRunner(router, worker_client, self.metrics.moves)
+        self.prices = PriceTable.from_file(config.prices) if config.prices else PriceTable()
         self.recorder = CallRecorder(
             self.sessions,
             model_id=self.model_id,
             template_fingerprint=self.template_fingerprint,
             events_counter=self.metrics.events,
             append_seconds=self.metrics.append_seconds,
+            prices=self.prices,
+            cost_counter=self.metrics.cost_usd,
         )
+        self.purge_schedule: PurgeSchedule | None = None
+        self._purging = False
+        if config.purge_every_s is not None:
+            self.purge_schedule = PurgeSchedule(store, every_s=config.purge_every_s)
 
     # ------------------------------------------------------------------ sessions
 
@@ -157,12 +178,39 @@ class DataProxy:
             except ValueError as error:
                 raise bad_request(f"invalid outcome: {error}") from None
             await self.sessions.close(state, outcome)
-        return {"trajectory_id": session_id, "ended": True}
+        return {"trajectory_id": session_id, "ended": True, "cost_usd": state.cost_usd}
+
+    async def session_cost(self, session_id: str, tenant: str) -> dict[str, Any]:
+        """The session's cost so far: the sum of its recorded calls' `cost_usd`."""
+        state = await self.sessions.get(session_id, tenant)
+        return {"trajectory_id": session_id, "cost_usd": state.cost_usd}
 
     def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         return self.sessions.export(tenant, **kwargs)
 
+    async def delete(
+        self, tenant: str, *, requested_by: str, reason: str, **selector: Any
+    ) -> list[str]:
+        """Erases the selected trajectories of `tenant` (see `SessionBook.delete`)."""
+        return await self.sessions.delete(
+            tenant, requested_by=requested_by, reason=reason, **selector
+        )
+
+    async def withdraw_consent(
+        self, tenant: str, *, requested_by: str, **selector: Any
+    ) -> list[str]:
+        return await self.sessions.withdraw_consent(tenant, requested_by=requested_by, **selector)
+
+    def start(self) -> None:
+        """Starts the scheduled purge (its first pass runs now, on its own thread)."""
+        if self.purge_schedule is not None and not self._purging:
+            self.purge_schedule.start()
+            self._purging = True
+
     async def close(self) -> None:
+        if self._purging:
+            self._purging = False
+            await asyncio.to_thread(self.purge_schedule.stop)  # waits out a purge in progress
         await self.sessions.shutdown()
 
     # ------------------------------------------------------------------ shared

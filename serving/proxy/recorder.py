@@ -5,6 +5,9 @@ tool_call events, the completion becomes the llm_call event, and all of them go 
 commit. Then the session's state moves on (the conversation as the agent will echo it, the
 interaction id -> event index). A tenant-key call without a session opens and closes its
 one-call trajectory around the commit.
+
+Each llm_call's `metadata.cost_usd` comes from the price table; once the call is durable its
+cost is added to the session's total and to the per-tenant cost counter.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from prometheus_client import Counter, Histogram
 
 from atdp_io import DecodingParams, EventMetadata, Outcome
 from serving.proxy.conversation import canonical, new_messages
+from serving.proxy.pricing import PriceTable
 from serving.proxy.recording import llm_event, message_events, reply_action, system_prompt_version
 from serving.proxy.responses import Reply
 from serving.proxy.runner import CallContext, Collected
@@ -48,12 +52,16 @@ class CallRecorder:
         template_fingerprint: str,
         events_counter: Counter,
         append_seconds: Histogram,
+        prices: PriceTable | None = None,
+        cost_counter: Counter | None = None,
     ):
         self.sessions = sessions
         self.model_id = model_id
         self.template_fingerprint = template_fingerprint
         self.events_counter = events_counter
         self.append_seconds = append_seconds
+        self.prices = prices or PriceTable()
+        self.cost_counter = cost_counter
 
     async def _state_for(self, call: CallContext) -> SessionState:
         if call.ephemeral:
@@ -61,11 +69,13 @@ class CallRecorder:
         return await self.sessions.get(call.session_id, call.tenant)
 
     def _metadata(self, call: CallContext, record: CallRecord, collected: Collected, extra: dict):
+        prompt_tokens, completion_tokens = len(record.input_ids), len(collected.ids)
         return EventMetadata(
             timestamp=time.time(),
             latency_s=time.monotonic() - record.started,
-            prompt_tokens=len(record.input_ids),
-            completion_tokens=len(collected.ids),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=self.prices.cost(self.model_id, prompt_tokens, completion_tokens),
             session_id=call.session_id,
             interaction_id=record.interaction_id,
             harness_fingerprint=self.template_fingerprint,
@@ -132,6 +142,10 @@ class CallRecorder:
             self.append_seconds.observe(time.monotonic() - begin)
             for event in events:
                 self.events_counter.labels(event.kind.value).inc()
+            if metadata.cost_usd is not None:  # counted once the call is durable, not before
+                state.cost_usd += metadata.cost_usd
+                if self.cost_counter is not None:
+                    self.cost_counter.labels(call.tenant, self.model_id).inc(metadata.cost_usd)
             llm_index = indices[-1]
             if generated.finish_reason in ("stop", "length"):
                 state.interactions[record.interaction_id] = llm_index

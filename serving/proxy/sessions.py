@@ -5,6 +5,10 @@ single `PartitionWriter` on a thread pool, so the event loop never waits on disk
 sessions share group commits; a call returns only once its records are committed. Session
 state (the conversation recorded so far, interaction ids -> event indices) lives in memory and
 is rebuilt from the trajectory itself after a restart.
+
+Deletion and consent withdrawal run through the store (`AtdpStore.delete_trajectories`,
+`withdraw_consent`), which uses this book's live writer of the tenant; a deleted session's
+state is dropped, so it cannot be written to again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from atdp_io import (
     Event,
     EventKind,
     Outcome,
+    PartitionLockedError,
     PartitionWriter,
     Redactor,
     TrajectoryHeader,
@@ -38,6 +43,10 @@ from serving.proxy.recording import conversation_from_events
 
 T = TypeVar("T")
 
+# A scheduled purge of a tenant this proxy has not written yet holds a short-lived writer of
+# its own; opening ours meanwhile is retried this many times, this far apart.
+_LOCK_RETRIES, _LOCK_RETRY_S = 50, 0.1
+
 
 @dataclasses.dataclass
 class SessionState:
@@ -49,6 +58,7 @@ class SessionState:
     known: list[Canonical] = dataclasses.field(default_factory=list)
     interactions: dict[str, int] = dataclasses.field(default_factory=dict)
     last_llm: int | None = None
+    cost_usd: float = 0.0  # sum of the recorded llm_calls' metadata.cost_usd
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     @property
@@ -87,7 +97,15 @@ class SessionBook:
         async with self._writer_lock:
             if tenant not in self._writers:
                 redactor = self._redactor_factory()
-                self._writers[tenant] = await self.run(self.store.writer, tenant, redactor=redactor)
+                for attempt in range(_LOCK_RETRIES):
+                    try:
+                        writer = await self.run(self.store.writer, tenant, redactor=redactor)
+                        break
+                    except PartitionLockedError:
+                        if attempt == _LOCK_RETRIES - 1:
+                            raise
+                        await asyncio.sleep(_LOCK_RETRY_S)
+                self._writers[tenant] = writer
             return self._writers[tenant]
 
     async def open(
@@ -150,6 +168,7 @@ class SessionBook:
         state.known = [canonical(m) for m in conversation_from_events(trajectory.events)]
         for index, event in enumerate(trajectory.events):
             if event.kind == EventKind.LLM_CALL:
+                state.cost_usd += event.metadata.cost_usd or 0.0
                 state.last_llm = index
                 if event.metadata.interaction_id:
                     state.interactions[event.metadata.interaction_id] = index
@@ -176,6 +195,35 @@ class SessionBook:
         writer = await self.writer(state.tenant)
         await self.run(
             writer.add_reward, state.session_id, value, event_index=event_index, source=source
+        )
+
+    async def delete(
+        self, tenant: str, *, requested_by: str, reason: str, **selector: Any
+    ) -> list[str]:
+        """Erases `tenant`'s trajectories matching `selector` (session_id, user_id or
+        trajectory_ids); returns their ids. Audited by the store."""
+        await self.writer(tenant)  # the store then purges through this live writer
+        deleted = await self.run(
+            self.store.delete_trajectories,
+            tenant,
+            requested_by=requested_by,
+            reason=reason,
+            **selector,
+        )
+        for trajectory_id in deleted:
+            state = self._sessions.pop(trajectory_id, None)
+            if state is not None:
+                state.writer_session = None  # its writer state is gone with the data
+        return deleted
+
+    async def withdraw_consent(
+        self, tenant: str, *, requested_by: str, **selector: Any
+    ) -> list[str]:
+        """Marks consent withdrawn on `tenant`'s trajectories matching `selector` (a governance
+        update each; training readers then skip them). Audited by the store."""
+        await self.writer(tenant)
+        return await self.run(
+            self.store.withdraw_consent, tenant, requested_by=requested_by, **selector
         )
 
     async def export(
