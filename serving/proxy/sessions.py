@@ -14,6 +14,7 @@ state is dropped, so it cannot be written to again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -201,19 +202,27 @@ class SessionBook:
         self, tenant: str, *, requested_by: str, reason: str, **selector: Any
     ) -> list[str]:
         """Erases `tenant`'s trajectories matching `selector` (session_id, user_id or
-        trajectory_ids); returns their ids. Audited by the store."""
+        trajectory_ids); returns their ids. Audited by the store.
+
+        The tenant's live sessions are locked meanwhile (a call holds its session's lock only
+        while it appends), so no append races the erasure: a deleted session's next call finds
+        it ended (409) instead of a writer that no longer knows its trajectory.
+        """
         await self.writer(tenant)  # the store then purges through this live writer
-        deleted = await self.run(
-            self.store.delete_trajectories,
-            tenant,
-            requested_by=requested_by,
-            reason=reason,
-            **selector,
-        )
-        for trajectory_id in deleted:
-            state = self._sessions.pop(trajectory_id, None)
-            if state is not None:
-                state.writer_session = None  # its writer state is gone with the data
+        async with contextlib.AsyncExitStack() as held:
+            for state in [s for s in self._sessions.values() if s.tenant == tenant]:
+                await held.enter_async_context(state.lock)
+            deleted = await self.run(
+                self.store.delete_trajectories,
+                tenant,
+                requested_by=requested_by,
+                reason=reason,
+                **selector,
+            )
+            for trajectory_id in deleted:
+                state = self._sessions.pop(trajectory_id, None)
+                if state is not None:
+                    state.writer_session = None  # its writer state is gone with the data
         return deleted
 
     async def withdraw_consent(

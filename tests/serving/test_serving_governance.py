@@ -3,6 +3,7 @@ tenant scope, audited, bad bodies refused without change), per-call cost in the 
 and per-tenant / per-session totals, and the scheduled purge of expired trajectories."""
 
 import asyncio
+import concurrent.futures
 import json
 import time
 
@@ -161,6 +162,32 @@ def test_deleting_a_session_erases_its_bytes_and_no_reader_finds_it(server):
         chat(thread.url, gone["api_key"], "more")
     status, again = api(thread.url, "/rl/delete", {"session_id": gone["session_id"]}, ADMIN_KEY)
     assert status == 200 and again["deleted"] == []
+
+
+def test_a_deletion_racing_a_call_answers_no_5xx(server):
+    thread, buffer = server
+    for _ in range(4):
+        session = start(thread.url, KEYS["acme"])
+        chat(thread.url, session["api_key"], "before the race")
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            call = pool.submit(
+                api,
+                thread.url,
+                "/v1/chat/completions",
+                {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8},
+                session["api_key"],
+            )
+            deletion = pool.submit(
+                api, thread.url, "/rl/delete", {"session_id": session["session_id"]}, KEYS["acme"]
+            )
+            call_status, _ = call.result()
+            delete_status, answer = deletion.result()
+        assert delete_status == 200 and answer["deleted"] == [session["session_id"]], answer
+        # recorded before the erasure (200), refused at its append (409 ended) or after it
+        # (404: the proxy no longer has the session); never a 5xx
+        assert call_status in (200, 404, 409), call_status
+        assert session["session_id"] not in read_trajectories(buffer, "acme")
+    assert api(thread.url, "/health", method="GET", key=None)[0] == 200
 
 
 def test_admin_deletes_a_users_data_across_sessions(server):
