@@ -34,7 +34,7 @@ from serving.common.openai_requests import parse_chat_request, parse_completion_
 from serving.gateway.audit import GatewayAudit
 from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
 from serving.gateway.config import GatewayConfig
-from serving.gateway.data_requests import parse_data_request
+from serving.gateway.data_requests import SELECTORS, parse_data_request
 from serving.gateway.gateway import Gateway
 from serving.gateway.sessions import SessionTable
 from serving.gateway.tenants import TenantDirectory
@@ -221,17 +221,22 @@ async def session_cost(request: web.Request) -> web.Response:
     return web.json_response(await gateway.session_cost(record))
 
 
+def _caller(principal: Principal) -> str:
+    """How a caller appears in the gateway's audit log."""
+    if principal.kind == "session":
+        return f"session:{principal.session.session_id}"
+    return "admin" if principal.is_admin else principal.tenant.name
+
+
 async def _data_request(request: web.Request, operation: str) -> web.Response:
-    """/rl/delete and /rl/withdraw_consent; every call, refused ones too, is audited."""
+    """/rl/delete and /rl/withdraw_consent; every call, refused or failed ones too, is audited."""
     gateway, audit = request.app[GATEWAY], request.app[AUDIT]
     entry: dict[str, Any] = {"route": request.path, "principal": "unauthenticated"}
     try:
         principal = _principal(request)
-        entry["principal"] = principal.kind if principal.is_admin else principal.tenant.name
-        if principal.kind == "session":
-            entry["principal"] = f"session:{principal.session.session_id}"
+        entry["principal"] = _caller(principal)
         body = await read_json_object(request)
-        entry.update(tenant=body.get("tenant"), **{k: body.get(k) for k in _SELECTOR_KEYS})
+        entry.update(tenant=body.get("tenant"), **{k: body.get(k) for k in SELECTORS})
         parsed = parse_data_request(
             principal,
             body,
@@ -241,15 +246,13 @@ async def _data_request(request: web.Request, operation: str) -> web.Response:
         )
         entry.update(tenant=parsed.tenant, reason=parsed.reason)
         ids = await getattr(gateway, operation)(parsed)
-    except ApiError as error:
-        await asyncio.to_thread(audit.record, **entry, status=error.status, error=error.message)
+    except Exception as error:
+        status = getattr(error, "status", 500)  # ApiError, aiohttp's 413; else the 500 answered
+        await asyncio.to_thread(audit.record, **entry, status=status, error=str(error))
         raise
     await asyncio.to_thread(audit.record, **entry, status=200, trajectories=ids)
     key = "deleted" if operation == "delete" else "withdrawn"
     return web.json_response({"tenant": parsed.tenant, key: ids, "count": len(ids)})
-
-
-_SELECTOR_KEYS = ("session_id", "user_id", "trajectory_ids")
 
 
 async def delete_data(request: web.Request) -> web.Response:

@@ -7,7 +7,8 @@ what OpenAI's API has no words for: sessions, rewards, export and the admin oper
     session = gateway.start_session("acme", task_id="ticket-42")
     reply = session.openai().chat.completions.create(model=..., messages=[...])
     session.set_reward(1.0, interaction_id=reply.id)
-    session.end(success=True)
+    session.end(success=True)                       # its answer has the session's cost_usd
+    gateway.delete("acme", user_id="user-7")        # or withdraw_consent(...): data rights
 
 Standard library only (urllib); errors come back as `ApiError` with the server's status and
 OpenAI error fields.
@@ -76,6 +77,11 @@ class Session:
         body = {"success": success, "info": info or {}}
         return _call(self.gateway_url, "/rl/end_session", self.api_key, body, self.timeout_s)
 
+    def cost(self) -> float:
+        """US dollars of the session's recorded calls so far (None-priced calls add nothing)."""
+        answer = _call(self.gateway_url, "/rl/session_cost", self.api_key, {}, self.timeout_s)
+        return answer["cost_usd"]
+
 
 class GatewayClient:
     """The RL endpoints with an admin or tenant key."""
@@ -89,11 +95,15 @@ class GatewayClient:
         return _call(self.url, path, self.key, body, self.timeout_s)
 
     def start_session(
-        self, tenant: str | None = None, *, task_id: str | None = None, task: dict | None = None
+        self,
+        tenant: str | None = None,
+        *,
+        task_id: str | None = None,
+        task: dict | None = None,
+        user_id: str | None = None,
     ) -> Session:
-        answer = self._post(
-            "/rl/start_session", {"tenant": tenant, "task_id": task_id, "task": task or {}}
-        )
+        body = {"tenant": tenant, "task_id": task_id, "task": task or {}, "user_id": user_id}
+        answer = self._post("/rl/start_session", body)
         return Session(
             self.url, answer["session_id"], answer["api_key"], answer["model"], self.timeout_s
         )
@@ -135,6 +145,45 @@ class GatewayClient:
         }
         raw = _request(self.url, "/rl/export", self.key, body, self.timeout_s)
         return (json.loads(line) for line in raw.splitlines() if line.strip())
+
+    def delete(
+        self,
+        tenant: str | None = None,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        trajectory_ids: list[str] | None = None,
+        reason: str | None = None,
+    ) -> list[str]:
+        """Erases the trajectories selected by exactly one of session / user / ids; their ids."""
+        body = {
+            "tenant": tenant,
+            "session_id": session_id,
+            "user_id": user_id,
+            "trajectory_ids": trajectory_ids,
+            "reason": reason,
+        }
+        return self._post("/rl/delete", body)["deleted"]
+
+    def withdraw_consent(
+        self,
+        tenant: str | None = None,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        trajectory_ids: list[str] | None = None,
+    ) -> list[str]:
+        """Withdraws consent on the selected trajectories (kept, never trained on); their ids."""
+        body = {
+            "tenant": tenant,
+            "session_id": session_id,
+            "user_id": user_id,
+            "trajectory_ids": trajectory_ids,
+        }
+        return self._post("/rl/withdraw_consent", body)["withdrawn"]
+
+    def session_cost(self, session_id: str) -> float:
+        return self._post("/rl/session_cost", {"session_id": session_id})["cost_usd"]
 
     def pause(self) -> dict[str, Any]:
         return self._post("/rl/pause", {})

@@ -7,7 +7,8 @@
 Scope: the admin key acts on any tenant (named by "tenant", or implied by a session of the
 gateway's table); a tenant key only on its own tenant (naming another is a 403); a session key
 on nothing (403). The body is checked whole before anything is touched: unknown fields, no or
-several selectors, or ill-typed values are a 400 and change nothing.
+several selectors, or ill-typed values are a 400 and change nothing. A null field counts as
+absent.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def _trajectory_ids(body: dict) -> list[str] | None:
 
 
 def _reason(body: dict) -> str:
-    value = body.get("reason", DEFAULT_REASON)
+    value = body.get("reason")
+    if value is None:  # null is absent, as for every optional field
+        return DEFAULT_REASON
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_REASON_CHARS:
         raise bad_request(
             f"'reason' must be a non-empty string of <= {MAX_REASON_CHARS} characters",

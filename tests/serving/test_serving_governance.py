@@ -21,6 +21,7 @@ from serving.common.errors import ApiError
 from serving.common.ids import session_of
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
 from serving.gateway.audit import AUDIT_FILE
+from serving.gateway.client import GatewayClient
 from serving.proxy import app as proxy_app
 from serving.proxy.client import HttpProxyClient
 from serving.proxy.config import ProxyConfig
@@ -198,11 +199,8 @@ def test_admin_deletes_a_users_data_across_sessions(server):
     status, missing_tenant = api(thread.url, "/rl/delete", {"user_id": "user-bob"}, ADMIN_KEY)
     assert_error((status, missing_tenant), 400, "'tenant' is required")
 
-    status, answer = api(
-        thread.url, "/rl/delete", {"tenant": "acme", "user_id": "user-bob"}, ADMIN_KEY
-    )
-    assert status == 200, answer
-    assert sorted(answer["deleted"]) == sorted([first["session_id"], second["session_id"]])
+    deleted = GatewayClient(thread.url, ADMIN_KEY).delete("acme", user_id="user-bob")
+    assert sorted(deleted) == sorted([first["session_id"], second["session_id"]])
     trajectories = read_trajectories(buffer, "acme")
     assert first["session_id"] not in trajectories and second["session_id"] not in trajectories
     assert trajectories[other["session_id"]].header.task["user_id"] == "user-carol"
@@ -342,6 +340,7 @@ def test_each_call_is_priced_in_its_metadata_and_summed_per_session_and_tenant(s
         chat(thread.url, session["api_key"], text)
     status, so_far = api(thread.url, "/rl/session_cost", {}, session["api_key"])
     assert status == 200, so_far
+    client_cost = GatewayClient(thread.url, KEYS["globex"]).session_cost(session["session_id"])
     status, ended = api(thread.url, "/rl/end_session", {}, session["api_key"])
     assert status == 200, ended
 
@@ -354,6 +353,7 @@ def test_each_call_is_priced_in_its_metadata_and_summed_per_session_and_tenant(s
         assert m.prompt_tokens > 0 and m.cost_usd == pytest.approx(expected, rel=1e-12)
     total = sum(c.metadata.cost_usd for c in calls)
     assert so_far["cost_usd"] == pytest.approx(total) and ended["cost_usd"] == pytest.approx(total)
+    assert client_cost == so_far["cost_usd"]
     assert so_far["session_id"] == session["session_id"]
     # another tenant's key cannot read this session's cost
     assert_error(
