@@ -5,11 +5,12 @@ A request names its trajectories by one or more selectors, combined with AND:
   is also its trajectory id),
 - `user_id`: the header's `task["user_id"]`, a string the writer recorded for the end user
   (nothing else is searched: no event payload, no metadata),
-- `trajectory_ids`: explicit ids, each of which must be committed and unpurged.
+- `trajectory_ids`: explicit ids; one not in the partition (never written, or already erased)
+  matches nothing, so a repeated request is idempotent.
 
 Selection reads only the index (headers), never content. A bad request raises before anything
 is written: `ValueError` for a malformed one, `UnknownTenantError` for a tenant without a
-partition, `TrajectoryNotFound` for an explicit id that is not there.
+partition.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from atdp_io.index import PartitionIndex
-from atdp_io.reader import TrajectoryNotFound
 
 
 class UnknownTenantError(LookupError):
@@ -74,14 +74,13 @@ def check_request(
 
 
 def select(index: PartitionIndex, selection: Selection, tenant: str) -> list[str]:
-    """Ids of the committed, unpurged trajectories (open ones too) the selection matches."""
+    """Ids of the committed, unpurged trajectories (open ones too) the selection matches.
+
+    A listed id that is not in the partition (never written, or already erased) matches
+    nothing: a deletion or withdrawal is idempotent, so a client that retries after a lost
+    reply gets a success with fewer ids, not an error."""
     if selection.trajectory_ids is not None:
-        missing = [t for t in selection.trajectory_ids if t not in index.by_id]
-        if missing:
-            raise TrajectoryNotFound(
-                f"trajectories {missing[:8]} are not committed (or were purged) in {tenant!r}"
-            )
-        candidates = [index.by_id[t] for t in selection.trajectory_ids]
+        candidates = [index.by_id[t] for t in selection.trajectory_ids if t in index.by_id]
     else:
         candidates = list(index.by_id.values())
     chosen = []

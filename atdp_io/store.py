@@ -212,8 +212,8 @@ class AtdpStore:
 
         Selectors combine with AND (see deletion.py; `user_id` matches `header.task["user_id"]`).
         `requested_by` must be the tenant itself or an operator. Audited, as is a refusal. A
-        bad request raises (`ValueError`, `AccessDenied`, `deletion.UnknownTenantError`,
-        `TrajectoryNotFound`) before anything changes.
+        bad request raises (`ValueError`, `AccessDenied`, `deletion.UnknownTenantError`) before
+        anything changes; listed ids that are not (or no longer) stored match nothing.
         """
         selection = deletion.check_request(
             "delete_trajectories",
