@@ -124,7 +124,16 @@ def check_json_body(body: Any) -> None:
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    raw = await request.read()  # aiohttp answers 413 itself past client_max_size
+    length, limit = request.content_length, request.client_max_size
+    if length is not None and length > limit:
+        # Answered before reading a byte of it (aiohttp's own check buffers up to the limit
+        # first); aiohttp then discards what the client still sends and closes.
+        raise ApiError(
+            413,
+            f"request body too large: Content-Length {length} bytes, the limit is {limit}",
+            code="body_too_large",
+        )
+    raw = await request.read()  # a chunked body: aiohttp answers 413 past client_max_size
     if not raw:
         raise bad_request("the request body is empty; expected a JSON object")
     try:
