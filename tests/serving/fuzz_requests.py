@@ -277,8 +277,9 @@ def authorizations(principals: list[str]) -> st.SearchStrategy[str | None]:
     keyed = st.tuples(forms, slot).map(lambda fk: fk[0].replace("{}", fk[1]))
     garbage = header_values.map(lambda v: v.replace("{", "(").replace("}", ")"))
     real = slot.map(lambda key: f"Bearer {key}")
+    stranger = st.just("Bearer sk-nobody-0123456789")  # well-formed, but nobody's key
     # mostly real keys: an unauthenticated request never reaches the body's validation
-    return st.one_of(real, real, real, real, real, real, keyed, st.none(), garbage)
+    return st.one_of(real, real, real, real, real, real, keyed, stranger, st.none(), garbage)
 
 
 content_types = st.none() | st.sampled_from(

@@ -37,7 +37,7 @@ from serving.gateway.app import GATEWAY
 
 MODEL = "sao-test"
 ACME_KEY = "sk-acme-fuzz-0123456789"
-PRINCIPALS = ["admin", "acme", "session", "stranger"]
+PRINCIPALS = ["admin", "acme", "session"]
 SETTINGS = dict(
     deadline=None,
     database=None,  # cases are drawn afresh each run; a failure prints its reproducer
@@ -55,7 +55,7 @@ class Target:
         self.parts = parts
         self.routes = gateway_routes(thread.app)
         self.client = httpx.Client(base_url=thread.url, timeout=120)
-        self.keys = {"admin": ADMIN_KEY, "acme": ACME_KEY, "stranger": "sk-nobody-0000"}
+        self.keys = {"admin": ADMIN_KEY, "acme": ACME_KEY}
         self.new_session()
         self.cases = 0
         self.statuses: dict[int, int] = {}
