@@ -15,7 +15,10 @@ orbax checkpoints live under `--bucket` on Cloud Storage, metrics on process 0's
 
 `--dry-run` builds the model config abstractly on this CPU and prints the per-device memory of
 parameters, optimizer state, KV cache and activations on that mesh; a plan that does not fit
-the chip's HBM is refused (exit status 1) with the term that dominates and the excess.
+the chip's HBM is refused (exit status 1) with the term that dominates and the excess. The
+experiment overrides are applied first (and checked: a typo exits 2), so the plan follows
+them: `learner.algorithm=grpo` plans no critic (no value model, no critic optimizer state, no
+critic activations), `ppo` and `sao` keep it; `model.*` overrides change the model planned.
 `--remat` (`ModelConfig.remat`: none, full, dots_with_no_batch_dims) is set on the dry-run's
 model config and its activation term; a launch passes it on as `model.remat=...` when the
 experiment's `ModelSpec` has that field, and refuses it otherwise (the job would not apply it).
@@ -199,25 +202,57 @@ def _remat_override(args: argparse.Namespace) -> tuple[str, ...]:
     return (f"model.remat={args.remat}",)
 
 
+def _experiment_config(args: argparse.Namespace):
+    """The experiment's config (`--config` preset with the overrides), as the job would parse
+    it; ValueError naming a bad preset or override."""
+    import importlib
+
+    from sao_jax.config_cli import ConfigError, parse_cli
+
+    presets = getattr(importlib.import_module(args.experiment), "PRESETS", None)
+    if presets is None:
+        raise ValueError(f"{args.experiment} has no PRESETS; pass --model PRESET for --dry-run")
+    if args.config not in presets:
+        raise ValueError(f"unknown experiment preset {args.config!r}; pass --model PRESET")
+    try:
+        return parse_cli(
+            ["--config", args.config, *args.overrides], presets, save=False, exit_on_error=False
+        )
+    except ConfigError as error:
+        raise ValueError(str(error)) from None
+
+
 def _model_config(args: argparse.Namespace):
     """The model preset (`--model`, else the experiment preset's), vocabulary as the preset's."""
     from sao_jax.models import get_model_config
 
     if args.model:
         return get_model_config(args.model)
-    from experiments.alfworld_sao import PRESETS
-
-    if args.config not in PRESETS:
-        raise ValueError(f"unknown experiment preset {args.config!r}; pass --model PRESET")
-    spec = PRESETS[args.config].model
+    spec = _experiment_config(args).model
     return get_model_config(spec.preset, **spec.overrides())
+
+
+def _learner_config(args: argparse.Namespace):
+    """The experiment's learner (algorithm, trainable patterns) after the overrides; the
+    default learner when the experiment has no presets (a --model dry-run of another job)."""
+    from sao_jax.train.config import LearnerConfig
+
+    try:
+        experiment = _experiment_config(args)
+    except ValueError:
+        if args.overrides:
+            raise
+        return LearnerConfig()
+    return getattr(experiment, "learner", None) or LearnerConfig()
 
 
 def dry_run(launch: Launch, args: argparse.Namespace) -> int:
     """Print the memory plan; 0 if it fits, 1 (with the reason) if not."""
     from sao_jax.distributed.memory import Workload, abstract_params, plan_memory
+    from sao_jax.train.algorithms import get_algorithm
 
     config = _model_config(args).replace(remat=args.remat)
+    learner = _learner_config(args)
     topology = launch.topology
     workload = Workload(
         train_rows=args.train_rows,
@@ -232,6 +267,7 @@ def dry_run(launch: Launch, args: argparse.Namespace) -> int:
         train_mesh,
         workload,
         hbm_bytes=topology.hbm_bytes,
+        learner=learner,
         rollout_mesh=rollout_mesh,
         rollout_colocated=colocated,
     )
@@ -241,6 +277,12 @@ def dry_run(launch: Launch, args: argparse.Namespace) -> int:
         f"{topology.hosts} hosts, {topology.generation.hbm_gib:g} GiB HBM per chip; model "
         f"{args.model or args.config}: {n_params / 1e9:.2f} B parameters ({config.param_dtype})"
     )
+    critic = (
+        "policy + critic (value model, its optimizer state and activations)"
+        if get_algorithm(learner.algorithm).uses_critic
+        else "policy only: no critic (no value model, critic optimizer state or activations)"
+    )
+    print(f"learner.algorithm={learner.algorithm}: {critic}")
     for plan in plans:
         print(plan.table())
     refusals = [plan.refusal() for plan in plans if not plan.fits]

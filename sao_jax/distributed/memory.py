@@ -1,13 +1,16 @@
-"""Per-device memory of an SAO run on a mesh, computed from abstract shapes (no allocation).
+"""Per-device memory of an RL run (SAO, PPO, GRPO, ...) on a mesh, computed from abstract shapes (no allocation).
 
 Parameters come from the real model classes (`nnx.eval_shape`), so every leaf is counted with
 its dtype and the shard its logical axes give on the mesh. The learner holds, per device:
 
-- policy and critic parameters (the critic: a copy of the backbone plus a value head);
+- policy parameters, and with an algorithm that trains a critic (`Algorithm.uses_critic`: SAO,
+  PPO; not GRPO) the critic's (a copy of the backbone plus a value head);
 - gradients of one model at a time (the policy step and the critic steps run one after another);
-- optimizer state of the trainable leaves: AdamW's two float32 moments, plus a float32 master
-  copy when parameters are stored in lower precision (mixed-precision training);
-- activations kept for the backward pass of one step (formula in `activation_bytes`).
+- optimizer state of the trainable leaves (policy, plus critic where there is one): AdamW's two
+  float32 moments, plus a float32 master copy when parameters are stored in lower precision;
+- activations kept for the backward pass of one step (formula in `activation_bytes`): the
+  policy step's, or with a critic the larger of the policy's and the critic's (their scans
+  run one after the other, so only one step's activations are alive at a time).
 
 Rollout holds its published copy of the parameters and the KV cache (slots x context). With a
 colocated plan one device group holds everything; a disaggregated plan has a train group and a
@@ -216,8 +219,12 @@ def activation_bytes(
     workload: Workload,
     mesh: Mapping[str, int],
     rules: LogicalRules | None = None,
+    *,
+    value_head: bool = False,
 ) -> tuple[int, str]:
     """Bytes one device keeps for a training step's backward pass, and the policy stated.
+
+    `value_head`: the critic's step (its head is a value per position, not a log-prob chunk).
 
     Per token and layer (c: compute-dtype bytes; heads and hidden widths divided by `tensor`
     where it divides them): norms and residual 4*D*c; q, k, v and their RoPE'd copies
@@ -264,7 +271,10 @@ def activation_bytes(
             saved_dots.append(projections + (2 * f + d) * c)
         per_layer.append(attention + ffn)
     vocab = config.vocab_size // _fit(config.vocab_size, tensor, mesh)
-    head = tokens * d * c + rows * min(workload.logprob_chunk, t) * vocab * 4 * 2
+    if value_head:  # the final hidden, then one float32 value (and its gradient) per token
+        head = tokens * d * c + tokens * 4 * 2
+    else:
+        head = tokens * d * c + rows * min(workload.logprob_chunk, t) * vocab * 4 * 2
     if workload.remat == "none":
         kept = tokens * sum(per_layer)
         policy = "remat=none (every layer's intermediates kept)"
@@ -309,6 +319,10 @@ def plan_memory(
     `rollout_colocated`: the rollout shares the training devices but its copy and cache are
     laid out on `rollout_mesh` (per-host sampling meshes): one colocated plan.
 
+    `learner` (default `LearnerConfig()`, SAO): its algorithm decides whether the critic is
+    counted (params, optimizer state, activations) and its trainable patterns which leaves
+    carry optimizer state.
+
     `usable_fraction` of HBM is the budget (the rest: XLA's program, scratch and
     fragmentation).
     """
@@ -325,7 +339,8 @@ def plan_memory(
     policy_trainable = _trainable(policy, learner.policy_trainable)
     grads = _bytes(policy_trainable, train_mesh, rules)
     optimizer = _bytes(policy_trainable, train_mesh, rules, opt_per_element)
-    if get_algorithm(learner.algorithm).uses_critic:
+    uses_critic = get_algorithm(learner.algorithm).uses_critic
+    if uses_critic:
         critic = abstract_params(config, Critic)
         critic_trainable = _trainable(critic, learner.critic_trainable)
         train.append(
@@ -334,12 +349,26 @@ def plan_memory(
         grads = max(grads, _bytes(critic_trainable, train_mesh, rules))
         optimizer += _bytes(critic_trainable, train_mesh, rules, opt_per_element)
     master = " + f32 master" if opt_per_element == 12 else ""
+    models = "policy + critic" if uses_critic else "policy only"
     train += [
-        MemoryTerm("gradients", grads, "one model at a time"),
-        MemoryTerm("optimizer state", optimizer, f"AdamW 2 x f32 moments{master}, trainable"),
+        MemoryTerm("gradients", grads, "one model at a time" if uses_critic else "policy"),
+        MemoryTerm(
+            "optimizer state",
+            optimizer,
+            f"AdamW 2 x f32 moments{master}, trainable ({models})",
+        ),
     ]
-    activations, policy_note = activation_bytes(config, workload, train_mesh, rules)
-    train.append(MemoryTerm("activations", activations, policy_note))
+    activations, note = activation_bytes(config, workload, train_mesh, rules)
+    if uses_critic:
+        critic_activations, _ = activation_bytes(
+            config, workload, train_mesh, rules, value_head=True
+        )
+        larger = "critic" if critic_activations > activations else "policy"
+        activations = max(activations, critic_activations)
+        note += f"; policy or critic step, one at a time ({larger} larger)"
+    else:
+        note += "; policy step (no critic)"
+    train.append(MemoryTerm("activations", activations, note))
     rollout_on = train_mesh if rollout_mesh is None else rollout_mesh
     rollout = [
         MemoryTerm(

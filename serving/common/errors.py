@@ -85,17 +85,68 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
     return ApiError(400, message, param=param, code=code)
 
 
+# Deeper bodies are refused before any handler walks them: validation, redaction and the
+# ATDP encoders recurse per level, and Python's parser itself gives up near 1000 levels.
+MAX_JSON_DEPTH = 64
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" is valid JSON, not valid text)
+        return False
+    return True
+
+
+def check_json_body(body: Any) -> None:
+    """400 for a parsed body deeper than MAX_JSON_DEPTH or with a string (value or key) that
+    is not Unicode text, so nothing behind the parser (tokenizer, redactor, the store's UTF-8
+    encoding) meets either. Iterative: the check itself cannot overflow the stack."""
+    stack = [(body, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, str):
+            if not _is_text(item):
+                raise bad_request(
+                    "the request body has a string that is not valid Unicode (a lone "
+                    "surrogate escape such as \\ud800)",
+                    code="invalid_unicode",
+                )
+        elif isinstance(item, (dict, list)):
+            if level > MAX_JSON_DEPTH:
+                raise bad_request(
+                    f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
+                    code="too_deep",
+                )
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+
+
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    raw = await request.read()  # aiohttp answers 413 itself past client_max_size
+    length, limit = request.content_length, request.client_max_size
+    if length is not None and length > limit:
+        # Answered before reading a byte of it (aiohttp's own check buffers up to the limit
+        # first); aiohttp then discards what the client still sends and closes.
+        raise ApiError(
+            413,
+            f"request body too large: Content-Length {length} bytes, the limit is {limit}",
+            code="body_too_large",
+        )
+    raw = await request.read()  # a chunked body: aiohttp answers 413 past client_max_size
     if not raw:
         raise bad_request("the request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:
+        raise bad_request(
+            f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="too_deep"
+        ) from None
+    except ValueError as error:  # also UnicodeDecodeError and a number past the digit limit
         raise bad_request(f"the request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    check_json_body(body)
     return body
 
 

@@ -14,6 +14,7 @@ from sao_jax.distributed.memory import (
 from sao_jax.distributed.topology import mesh_preset, parse_topology
 from sao_jax.models import get_model_config
 from sao_jax.train import LearnerConfig
+from sao_jax.train.algorithms import ALGORITHMS, get_algorithm
 
 
 @pytest.mark.parametrize(
@@ -221,3 +222,53 @@ def test_the_launcher_takes_the_models_remat_names(capsys):
     # A launch hands the remat to the job's model (ModelSpec.remat).
     assert main([*base, "--remat", "full"]) == 0
     assert "model.remat=full" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_each_algorithms_plan_counts_the_critic_only_if_it_trains_one(algorithm):
+    """GRPO-style algorithms hold no value model: no critic params, no critic optimizer state,
+    no critic activations; SAO and PPO hold all three."""
+    workload = Workload(train_rows=8, seq_len=16, rollout_slots=8, context=64, logprob_chunk=8)
+    learner = LearnerConfig(algorithm=algorithm)
+    (plan,) = plan_memory(SMALL, MESH, workload, hbm_bytes=GIB, learner=learner)
+    terms = {t.name: t for t in plan.terms}
+    # the policy-only figures, worked out as in test_memory_terms_match_hand_arithmetic
+    policy = terms["policy params"].bytes // 4
+    critic_trainable = 4 * 32 // 2 + 3 * (4 // 2) * (32 // 2) * 32 + 32 // 2 + 1
+    policy_acts, _ = activation_bytes(SMALL, workload, MESH)
+    critic_acts, _ = activation_bytes(SMALL, workload, MESH, value_head=True)
+    # the critic's head keeps one f32 value (and its gradient) per token, not a log-prob chunk
+    tokens = 2 * 16
+    assert policy_acts - critic_acts == 2 * 8 * 64 * 4 * 2 - tokens * 4 * 2
+    if get_algorithm(algorithm).uses_critic:
+        assert algorithm in ("sao", "ppo", "sao_seed")
+        assert terms["critic params"].bytes == 4 * (policy + 32 // 2 + 1)
+        assert terms["optimizer state"].bytes == 8 * (policy + critic_trainable)
+        assert "policy + critic" in terms["optimizer state"].note
+        assert terms["activations"].bytes == max(policy_acts, critic_acts)
+        assert "policy or critic step" in terms["activations"].note
+    else:
+        assert algorithm.startswith("grpo")
+        assert not any("critic" in name for name in terms)
+        assert terms["optimizer state"].bytes == 8 * policy
+        assert terms["gradients"].bytes == 4 * policy
+        assert terms["activations"].bytes == policy_acts
+        assert "no critic" in terms["activations"].note
+        assert "critic" not in terms["optimizer state"].note
+    assert plan.total == sum(t.bytes for t in plan.terms)
+
+
+def test_a_critic_with_the_larger_step_sets_the_activations():
+    """With a large log-prob chunk the policy's step is larger; with a one-position chunk and
+    long rows the critic's per-token values outweigh it, and the plan takes the critic's."""
+    short_chunk = Workload(train_rows=8, seq_len=512, logprob_chunk=1)
+    policy_acts, _ = activation_bytes(SMALL, short_chunk, MESH)
+    critic_acts, _ = activation_bytes(SMALL, short_chunk, MESH, value_head=True)
+    assert critic_acts > policy_acts
+    (plan,) = plan_memory(SMALL, MESH, short_chunk, hbm_bytes=GIB)  # SAO by default
+    activations = next(t for t in plan.terms if t.name == "activations")
+    assert activations.bytes == critic_acts and "(critic larger)" in activations.note
+    (grpo,) = plan_memory(
+        SMALL, MESH, short_chunk, hbm_bytes=GIB, learner=LearnerConfig(algorithm="grpo")
+    )
+    assert next(t for t in grpo.terms if t.name == "activations").bytes == policy_acts

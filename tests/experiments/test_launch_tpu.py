@@ -134,3 +134,41 @@ def test_dry_run_of_qwen3_30b_on_v5p_64_fits_and_a_larger_batch_is_refused(capsy
     out = capsys.readouterr().out
     assert "train (mesh data=1 fsdp=2 expert=8 tensor=1)" in out
     assert "rollout (mesh data=8 fsdp=1 expert=1 tensor=2)" in out
+
+
+def test_dry_run_plans_the_critic_only_for_algorithms_that_train_one(capsys):
+    """`learner.algorithm=grpo` drops the value model, its optimizer state and its activations
+    from the plan; ppo and sao keep them; a mistyped override exits 2 before any plan."""
+    small = ["--topology", "v5p-8", "--tpu", "pod", "--bucket", "gs://b", "--dry-run"]
+    small += ["--train-rows", "4", "--seq-len", "256"]
+    plans = {}
+    for algorithm in ("sao", "ppo", "grpo"):
+        assert main([*small, f"learner.algorithm={algorithm}"]) == 0
+        out = capsys.readouterr().out
+        plans[algorithm] = (out, per_device_gib(out))
+    for algorithm in ("sao", "ppo"):
+        out, gib = plans[algorithm]
+        assert f"learner.algorithm={algorithm}: policy + critic" in out
+        assert "critic params" in gib and "trainable (policy + critic)" in out
+        assert "policy or critic step, one at a time" in out
+    out, gib = plans["grpo"]
+    assert "learner.algorithm=grpo: policy only: no critic" in out
+    assert "critic params" not in gib and "(policy + critic)" not in out
+    assert "policy step (no critic)" in out
+    sao = plans["sao"][1]
+    # the critic's params and its trainable leaves' moments are all that differ (the policy's
+    # step keeps more activations than the critic's at these sizes)
+    assert gib["optimizer state"] < sao["optimizer state"]
+    critic = sao["critic params"] + sao["optimizer state"] - gib["optimizer state"]
+    assert abs(gib["total"] - (sao["total"] - critic)) < 0.03  # tables round to 0.01 GiB
+    assert gib["total"] < sao["total"] and gib["policy params"] == sao["policy params"]
+    # without the override the experiment preset's own algorithm (SAO) is planned
+    assert main(small) == 0
+    assert "learner.algorithm=sao: policy + critic" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main([*small, "learner.algorthm=grpo"])
+    assert exit_info.value.code == 2
+    assert "Did you mean 'learner.algorithm'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*small, "learner.algorithm=dqn"])
+    assert "unknown algorithm 'dqn'" in capsys.readouterr().err

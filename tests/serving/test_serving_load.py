@@ -1,8 +1,12 @@
-"""Load on loopback: 500 completions over 32 concurrent multi-turn sessions (a third of them
-streamed). No 5xx, and every acknowledged response has exactly one durable ATDP event."""
+"""Load on loopback: 32 concurrent multi-turn sessions x 16 completions each (a third of them
+streamed), through a gateway whose concurrency limit is below the load, so agents meet 429s
+and retry them with exponential backoff. No 5xx, no call lost: every acknowledged response
+has exactly one durable ATDP event, and a refused (429) attempt leaves none."""
 
 import asyncio
 import collections
+import functools
+import random
 
 import openai
 import pytest
@@ -14,14 +18,56 @@ from sao_jax.models import init_model
 
 MODEL = "sao-test"
 SESSIONS = 32
-REQUESTS = 500
+CALLS_PER_SESSION = 16
 TURNS_PER_CONVERSATION = 6  # then the agent starts a fresh conversation in the same session
+GATEWAY_LIMIT = 12  # completions in flight at the gateway: below 32 agents, so 429s happen
+MAX_ATTEMPTS = 200  # about 3 min of backoff: a cold start compiles for seconds
+BACKOFF_S = 0.05  # first retry delay; doubles per attempt (with jitter), capped at 1 s
 
 
-async def run_load(url: str, sessions: list[dict]) -> tuple[dict, list]:
-    acknowledged: dict[str, set[str]] = collections.defaultdict(set)
-    failures: list = []
-    budget = iter(range(REQUESTS))  # the loops stop by themselves after REQUESTS calls
+class Load:
+    """What the agents saw: acknowledged reply ids per session, 429s retried, other errors."""
+
+    def __init__(self):
+        self.acknowledged: dict[str, set[str]] = collections.defaultdict(set)
+        self.retried_429 = 0
+        self.failures: list = []
+
+
+async def call_with_backoff(load: Load, create):
+    """`create()` until it is not a 429 (exponential backoff with full jitter), or None after
+    MAX_ATTEMPTS or any other API error (recorded as a failure)."""
+    for attempt in range(MAX_ATTEMPTS):
+        try:
+            return await create()
+        except openai.RateLimitError:
+            load.retried_429 += 1
+            await asyncio.sleep(random.uniform(0, min(1.0, BACKOFF_S * 2 ** min(attempt, 8))))
+        except openai.APIError as error:
+            load.failures.append(repr(error))
+            return None
+    load.failures.append(f"still 429 after {MAX_ATTEMPTS} attempts")
+    return None
+
+
+async def complete(client, messages: list[dict], stream: bool) -> tuple[str, str]:
+    """(reply id, reply text) of one chat completion, streamed or not."""
+    if not stream:
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+        return reply.id, reply.choices[0].message.content
+    chunks = await client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, stream=True
+    )
+    parts, reply_id = [], None
+    async for chunk in chunks:
+        reply_id = chunk.id
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return reply_id, "".join(parts)
+
+
+async def run_load(url: str, sessions: list[dict]) -> Load:
+    load = Load()
 
     async def agent(index: int, session: dict) -> None:
         client = openai.AsyncOpenAI(
@@ -29,39 +75,25 @@ async def run_load(url: str, sessions: list[dict]) -> tuple[dict, list]:
         )
         messages: list[dict] = []
         async with client:
-            for request_number in budget:
+            for call in range(CALLS_PER_SESSION):
                 if len(messages) >= 2 * TURNS_PER_CONVERSATION:
                     messages = []
-                messages.append(
-                    {"role": "user", "content": f"step {request_number} of agent {index}"}
+                messages.append({"role": "user", "content": f"step {call} of agent {index}"})
+                stream = (index + call) % 3 == 0
+                result = await call_with_backoff(
+                    load, functools.partial(complete, client, messages, stream)
                 )
-                try:
-                    if request_number % 3 == 0:
-                        stream = await client.chat.completions.create(
-                            model=MODEL, messages=messages, max_tokens=8, stream=True
-                        )
-                        parts, reply_id = [], None
-                        async for chunk in stream:
-                            reply_id = chunk.id
-                            if chunk.choices and chunk.choices[0].delta.content:
-                                parts.append(chunk.choices[0].delta.content)
-                        content = "".join(parts)
-                    else:
-                        reply = await client.chat.completions.create(
-                            model=MODEL, messages=messages, max_tokens=8
-                        )
-                        reply_id, content = reply.id, reply.choices[0].message.content
-                except openai.APIError as error:
-                    failures.append((request_number, repr(error)))
+                if result is None:
                     messages.pop()
                     continue
-                acknowledged[session["session_id"]].add(reply_id)
+                reply_id, content = result
+                load.acknowledged[session["session_id"]].add(reply_id)
                 messages.append({"role": "assistant", "content": content})
 
     await asyncio.wait_for(
         asyncio.gather(*(agent(i, s) for i, s in enumerate(sessions))), timeout=600
     )
-    return acknowledged, failures
+    return load
 
 
 @pytest.fixture
@@ -78,25 +110,38 @@ def random_weights():
 
 
 @pytest.mark.slow
-def test_500_requests_over_32_sessions_all_recorded(tmp_path, random_weights):
+def test_32_sessions_x_16_calls_with_429_retries_all_recorded(tmp_path, random_weights):
     buffer = tmp_path / "buffer"
-    with local_server(buffer) as (thread, parts):
+    with local_server(buffer, max_concurrent_requests=GATEWAY_LIMIT) as (thread, parts):
         sessions = []
         for i in range(SESSIONS):
             status, session = api(thread.url, "/rl/start_session", {"tenant": f"load{i % 2}"})
             assert status == 200
             sessions.append(session)
-        acknowledged, failures = asyncio.run(run_load(thread.url, sessions))
-        assert failures == []
-        assert sum(len(ids) for ids in acknowledged.values()) == REQUESTS
+        load = asyncio.run(run_load(thread.url, sessions))
+        assert load.failures == []  # no 5xx, no other error, no call given up
+        acknowledged = sum(len(ids) for ids in load.acknowledged.values())
+        assert acknowledged == SESSIONS * CALLS_PER_SESSION
+        assert load.retried_429 > 0  # the limit was met: the retry path ran
         assert all(parts.worker.engine.status()[k] == 0 for k in ("running", "queued"))
+        status, metrics = api(thread.url, "/metrics", key=None, method="GET")
+        five_xx = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("sao_gateway_requests_total") and 'status="5' in line
+        ]
+        assert five_xx == []
+    print(
+        f"\nload: {SESSIONS} sessions x {CALLS_PER_SESSION} calls = {acknowledged} acknowledged, "
+        f"{load.retried_429} 429s retried, 0 5xx, 0 lost"
+    )
     # every acknowledged response is in the buffer exactly once (read after the server is gone)
     stored = {**read_trajectories(buffer, "load0"), **read_trajectories(buffer, "load1")}
     stop_ids = shared_worker().tokenizer.stop_ids
     for session in sessions:
         events = stored[session["session_id"]].events
         ids = [e.metadata.interaction_id for e in events if e.kind == EventKind.LLM_CALL]
-        assert sorted(ids) == sorted(acknowledged[session["session_id"]])
+        assert sorted(ids) == sorted(load.acknowledged[session["session_id"]])
         for call in (e.llm for e in events if e.llm):  # 8 tokens, or fewer ending in a stop id
             assert call.output_ids.size == 8 or call.output_ids[-1] in stop_ids
         user_messages = [e for e in events if e.kind == EventKind.MESSAGE]
