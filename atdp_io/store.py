@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorstore as ts
 
-from atdp_io import layout
+from atdp_io import layout, lineage
 from atdp_io.access import AccessControl, AccessDenied, Grant
 from atdp_io.governance import is_expired
 from atdp_io.reader import PartitionReader
@@ -121,8 +121,11 @@ class AtdpStore:
     ) -> list[str]:
         """Retention: purges `tenant`'s expired trajectories; returns their ids (audited).
 
-        Run by the tenant itself or an operator; needs the partition's writer lock, so a live
-        writer should call `PartitionWriter.purge_expired` itself instead.
+        What was derived from them goes too (`lineage.purge_cascade`): ids derived inside
+        `tenant` are in the returned list, those derived into other partitions are purged
+        there and recorded in those partitions' audit logs. Run by the tenant itself or an
+        operator; needs the writer lock of every partition touched, so a live writer should
+        call `PartitionWriter.purge_expired` itself instead.
         """
         self.access.check(tenant, principal, "purge", content=False)
         now = self.clock() if now is None else now
@@ -130,22 +133,29 @@ class AtdpStore:
             spec = self.partition_spec(tenant)
             reader = PartitionReader(spec, tenant, self.config, content=False, context=self.context)
             reader.refresh()
-            return [
+            expired = [
                 e.trajectory_id
                 for e in reader.entries(closed_only=False)
                 if is_expired(e.governance(), now)
             ]
+            return lineage.purge_plan(self, tenant, expired)[tenant]
         with self.writer(tenant) as writer:
-            purged = writer.purge_expired(now)
-        self.access.audit(
-            tenant,
-            principal=principal,
-            action="purge",
-            purpose="retention",
-            allowed=True,
-            detail={"purged": len(purged), "now": now},
-        )
-        return purged
+            purged = lineage.purge_cascade(
+                self, writer, writer.expired_ids(now), reason="retention expired"
+            )
+        for other, ids in purged.items():
+            detail = {"purged": len(ids), "now": now}
+            if other != tenant:
+                detail["derived_from_tenant"] = tenant
+            self.access.audit(
+                other,
+                principal=principal,
+                action="purge",
+                purpose="retention" if other == tenant else "lineage",
+                allowed=True,
+                detail=detail,
+            )
+        return purged[tenant]
 
     def grant(self, tenant: str, grantee: str, **kwargs) -> Grant:
         """See `AccessControl.grant`."""

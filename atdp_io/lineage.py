@@ -1,0 +1,276 @@
+"""Lineage of derived data: what a record was made from, and what was made from a record.
+
+A derived record (a SEED skill, an expert-relabelled episode, a copy into another tenant) names
+its sources in `TrajectoryHeader.derived_from` and carries governance at least as strict as
+each source's (`strictest_governance`), so it can train only where every source could, expires
+no later than the first of them, and is gone when they are: purging a trajectory purges its
+descendants, through any number of derivation levels (`descendants`, used by
+`AtdpStore.purge_expired` and `PartitionWriter.purge_expired`).
+
+```python
+sources = [reader.read("episode-7")]
+header = derived_header(sources, trajectory_id="skill-x1", created_at=now, tenant="skills")
+...
+lineage.descendants(store, "acme", ["episode-7"])   # {SourceRef("skills", "skill-x1")}
+```
+
+Which checkpoints trained on which trajectories is the other half of lineage, recorded next to
+each checkpoint step (`atdp_io.trained_on`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from atdp_io import governance as governance_lib
+from atdp_io.index import PartitionIndex
+from atdp_io.reader import PartitionReader
+from atdp_io.schema import (
+    Classification,
+    ConsentStatus,
+    Governance,
+    GovernanceUpdate,
+    LegalBasis,
+    ReviewStatus,
+    SourceRef,
+    Trajectory,
+    TrajectoryHeader,
+)
+
+
+class LineageError(ValueError):
+    """Sources that cannot be combined (other tenants, none at all) or cannot be found."""
+
+
+# Each ordered from least to most restrictive: a derived record takes the last one any source
+# has. Classification: who may see it. Legal basis: NONE never trains and CONSENT trains only
+# with consent granted, the others place no condition on training (SYNTHETIC has no data
+# subject at all). Consent: WITHDRAWN and DENIED both stop training; a withdrawal also asks for
+# erasure, so it ranks above a denial. Review: a record some source needs approval for
+# (NOT_REQUIRED fails a policy that demands APPROVED) is stricter than one approved outright.
+_CLASSIFICATION = (
+    Classification.PUBLIC,
+    Classification.INTERNAL,
+    Classification.CONFIDENTIAL,
+    Classification.RESTRICTED,
+)
+_LEGAL_BASIS = (
+    LegalBasis.SYNTHETIC,
+    LegalBasis.LEGITIMATE_INTEREST,
+    LegalBasis.CONTRACT,
+    LegalBasis.CONSENT,
+    LegalBasis.NONE,
+)
+_CONSENT = (
+    ConsentStatus.NOT_APPLICABLE,
+    ConsentStatus.GRANTED,
+    ConsentStatus.DENIED,
+    ConsentStatus.WITHDRAWN,
+)
+_REVIEW = (
+    ReviewStatus.APPROVED,
+    ReviewStatus.NOT_REQUIRED,
+    ReviewStatus.PENDING,
+    ReviewStatus.REJECTED,
+)
+
+
+def _strictest(values: Iterable[Any], order: tuple) -> Any:
+    return max(values, key=order.index)
+
+
+def strictest_governance(sources: Iterable[Governance]) -> Governance:
+    """The governance of data derived from `sources`: never less strict than any of them.
+
+    The tenant is the sources' (all must share it); classification, legal basis, consent and
+    review are each the most restrictive of the sources'; `expires_at` the earliest; training
+    eligibility holds only if it holds for every source; redaction is the combined status
+    (`governance.combine_redaction`). Raises `LineageError` for no sources or mixed tenants.
+    """
+    sources = list(sources)
+    if not sources:
+        raise LineageError("derived data needs at least one source")
+    for i, source in enumerate(sources):
+        if not isinstance(source, Governance):
+            raise LineageError(f"sources[{i}]: expected Governance, got {type(source).__name__}")
+    tenants = sorted({s.tenant for s in sources})
+    if len(tenants) > 1:
+        raise LineageError(
+            f"sources belong to several tenants {tenants}; a derived record combines one "
+            "tenant's data only (derive per tenant)"
+        )
+    expiries = [s.expires_at for s in sources if s.expires_at is not None]
+    return Governance(
+        tenant=tenants[0],
+        classification=_strictest((s.classification for s in sources), _CLASSIFICATION),
+        legal_basis=_strictest((s.legal_basis for s in sources), _LEGAL_BASIS),
+        consent=_strictest((s.consent for s in sources), _CONSENT),
+        expires_at=min(expiries) if expiries else None,
+        training_eligible=all(s.training_eligible for s in sources),
+        human_review=_strictest((s.human_review for s in sources), _REVIEW),
+        redaction=governance_lib.combine_redaction(s.redaction for s in sources),
+    )
+
+
+def effective_governance(trajectory: Trajectory) -> Governance:
+    """A trajectory's governance with its committed governance updates folded in (as read)."""
+    updates = [a for a in trajectory.annotations if isinstance(a, GovernanceUpdate)]
+    return governance_lib.apply_updates(trajectory.header.governance, updates)
+
+
+def source_ref(trajectory: Trajectory) -> SourceRef:
+    return SourceRef(trajectory.header.governance.tenant, trajectory.trajectory_id)
+
+
+def derived_governance(sources: Sequence[Governance], *, tenant: str | None = None) -> Governance:
+    """`strictest_governance(sources)`, written to partition `tenant` (default: the sources').
+
+    Writing to another partition is how a skill bank or a demos tenant collects derived data;
+    the record's `derived_from` still names the sources' tenant, so their purge reaches it.
+    """
+    combined = strictest_governance(sources)
+    if tenant is None or tenant == combined.tenant:
+        return combined
+    return dataclasses.replace(combined, tenant=tenant)
+
+
+def derived_header(
+    sources: Sequence[Trajectory], *, tenant: str | None = None, **fields: Any
+) -> TrajectoryHeader:
+    """The header of a record derived from `sources` (trajectories as read, updates included).
+
+    `fields` are the other header fields (`trajectory_id`, `created_at`, `task`, ...).
+    """
+    if "governance" in fields or "derived_from" in fields:
+        raise LineageError("derived_header sets governance and derived_from from the sources")
+    governance = derived_governance([effective_governance(t) for t in sources], tenant=tenant)
+    refs = tuple(dict.fromkeys(source_ref(t) for t in sources))
+    return TrajectoryHeader(governance=governance, derived_from=refs, **fields)
+
+
+# -- following derivations ----------------------------------------------------------------------
+
+
+def _maintenance_readers(store: Any) -> dict[str, PartitionReader]:
+    """Index-only readers of every partition (headers, no payloads), refreshed."""
+    readers = {}
+    for tenant in store.tenants():
+        reader = PartitionReader(
+            store.partition_spec(tenant), tenant, store.config, content=False, context=store.context
+        )
+        reader.refresh()
+        readers[tenant] = reader
+    return readers
+
+
+def _indices(reader_or_store: Any) -> dict[str, PartitionIndex]:
+    if isinstance(reader_or_store, PartitionReader):
+        return {reader_or_store.tenant: reader_or_store.index}
+    if hasattr(reader_or_store, "tenants") and hasattr(reader_or_store, "partition_spec"):
+        return {t: r.index for t, r in _maintenance_readers(reader_or_store).items()}
+    raise TypeError(
+        f"expected an AtdpStore or a PartitionReader, got {type(reader_or_store).__name__}"
+    )
+
+
+def children_map(indices: Mapping[str, PartitionIndex]) -> dict[SourceRef, set[SourceRef]]:
+    """source -> the live records derived directly from it, over the given partitions."""
+    children: dict[SourceRef, set[SourceRef]] = collections.defaultdict(set)
+    for tenant, index in indices.items():
+        for entry in index.by_id.values():
+            for source in entry.header.derived_from:
+                children[source].add(SourceRef(tenant, entry.trajectory_id))
+    return children
+
+
+def closure(
+    children: Mapping[SourceRef, set[SourceRef]], roots: Iterable[SourceRef]
+) -> dict[SourceRef, int]:
+    """Every record reachable from `roots` (roots excluded) with its depth (1: direct)."""
+    roots = set(roots)
+    depth: dict[SourceRef, int] = {}
+    frontier, level = list(roots), 0
+    while frontier:
+        level += 1
+        found = []
+        for ref in frontier:
+            for child in children.get(ref, ()):
+                if child not in roots and child not in depth:
+                    depth[child] = level
+                    found.append(child)
+        frontier = found
+    return depth
+
+
+def descendants(reader_or_store: Any, tenant: str, trajectory_ids: Iterable[str]) -> set[SourceRef]:
+    """Everything derived, directly or through other derived records, from `tenant`'s
+    `trajectory_ids`: over every partition of an `AtdpStore`, or within one refreshed
+    `PartitionReader`'s partition. The sources themselves are not included."""
+    roots = {SourceRef(tenant, i) for i in trajectory_ids}
+    return set(closure(children_map(_indices(reader_or_store)), roots))
+
+
+def ancestors(reader_or_store: Any, tenant: str, trajectory_id: str) -> set[SourceRef]:
+    """What `tenant`'s `trajectory_id` was derived from, transitively (sources still stored or
+    not: a purged source is still named by its derived records until they are purged too)."""
+    indices = _indices(reader_or_store)
+    found: set[SourceRef] = set()
+    frontier = [SourceRef(tenant, trajectory_id)]
+    while frontier:
+        ref = frontier.pop()
+        entry = indices.get(ref.tenant, PartitionIndex()).by_id.get(ref.trajectory_id)
+        for source in entry.header.derived_from if entry is not None else ():
+            if source not in found:
+                found.add(source)
+                frontier.append(source)
+    return found
+
+
+def in_partition_descendants(index: PartitionIndex, tenant: str, ids: Iterable[str]) -> list[str]:
+    """Ids of `tenant`'s records derived (transitively) from its `ids`, deepest first."""
+    depth = closure(children_map({tenant: index}), {SourceRef(tenant, i) for i in ids})
+    return [r.trajectory_id for r in sorted(depth, key=lambda r: (-depth[r], str(r)))]
+
+
+def purge_plan(store: Any, tenant: str, trajectory_ids: Iterable[str]) -> dict[str, list[str]]:
+    """What purging `tenant`'s `trajectory_ids` must erase: `{tenant: ids}` over every
+    partition, the sources included, each list deepest derivation first; partitions in the
+    order to purge them (the one holding the deepest record first, the sources' last)."""
+    ids = list(dict.fromkeys(trajectory_ids))
+    depth = closure(children_map(_indices(store)), {SourceRef(tenant, i) for i in ids})
+    by_tenant: dict[str, list[SourceRef]] = collections.defaultdict(list)
+    for ref in depth:
+        by_tenant[ref.tenant].append(ref)
+    plan = {}
+    others = [t for t in by_tenant if t != tenant]
+    for other in sorted(others, key=lambda t: (-max(depth[r] for r in by_tenant[t]), t)):
+        refs = sorted(by_tenant[other], key=lambda r: (-depth[r], r.trajectory_id))
+        plan[other] = [r.trajectory_id for r in refs]
+    own = sorted(by_tenant.get(tenant, ()), key=lambda r: (-depth[r], r.trajectory_id))
+    plan[tenant] = [r.trajectory_id for r in own] + ids  # roots are never in `depth`
+    return plan
+
+
+def purge_cascade(
+    store: Any, writer: Any, trajectory_ids: Iterable[str], *, reason: str
+) -> dict[str, list[str]]:
+    """Purges `trajectory_ids` of `writer`'s partition and everything derived from them in any
+    partition of `store`; returns `{tenant: purged ids}`.
+
+    Other partitions go first, through their own writers, and the sources last: if one of those
+    partitions has a live writer (`PartitionLockedError`), no source was purged yet, so a retry
+    finds the same descendants again (a purged source no longer names its descendants).
+    """
+    plan = purge_plan(store, writer.tenant, trajectory_ids)
+    purged = {}
+    for other, ids in plan.items():
+        if other == writer.tenant or not ids:
+            continue
+        with store.writer(other) as other_writer:
+            purged[other] = other_writer.purge(ids, reason=f"source purged: {reason}")
+    own = plan[writer.tenant]
+    purged[writer.tenant] = writer.purge(own, reason=reason) if own else []
+    return purged
