@@ -235,23 +235,30 @@ def in_partition_descendants(index: PartitionIndex, tenant: str, ids: Iterable[s
     return [r.trajectory_id for r in sorted(depth, key=lambda r: (-depth[r], str(r)))]
 
 
-def purge_plan(store: Any, tenant: str, trajectory_ids: Iterable[str]) -> dict[str, list[str]]:
-    """What purging `tenant`'s `trajectory_ids` must erase: `{tenant: ids}` over every
-    partition, the sources included, each list deepest derivation first; partitions in the
-    order to purge them (the one holding the deepest record first, the sources' last)."""
+def purge_plan(
+    store: Any, tenant: str, trajectory_ids: Iterable[str]
+) -> list[tuple[str, list[str]]]:
+    """What purging `tenant`'s `trajectory_ids` must erase, as `(tenant, ids)` steps in order.
+
+    Other partitions' records go first, deepest derivation level first; the last step is
+    `tenant`'s own: its derived records and the sources, in one purge. So whenever a step
+    fails, every record still stored is reachable from the sources again: a retry finds it.
+    """
     ids = list(dict.fromkeys(trajectory_ids))
     depth = closure(children_map(_indices(store)), {SourceRef(tenant, i) for i in ids})
-    by_tenant: dict[str, list[SourceRef]] = collections.defaultdict(list)
-    for ref in depth:
-        by_tenant[ref.tenant].append(ref)
-    plan = {}
-    others = [t for t in by_tenant if t != tenant]
-    for other in sorted(others, key=lambda t: (-max(depth[r] for r in by_tenant[t]), t)):
-        refs = sorted(by_tenant[other], key=lambda r: (-depth[r], r.trajectory_id))
-        plan[other] = [r.trajectory_id for r in refs]
-    own = sorted(by_tenant.get(tenant, ()), key=lambda r: (-depth[r], r.trajectory_id))
-    plan[tenant] = [r.trajectory_id for r in own] + ids  # roots are never in `depth`
-    return plan
+    steps: list[tuple[str, list[str]]] = []
+    for ref in sorted(depth, key=lambda r: (-depth[r], r.tenant, r.trajectory_id)):
+        if ref.tenant == tenant:
+            continue
+        if steps and steps[-1][0] == ref.tenant:
+            steps[-1][1].append(ref.trajectory_id)
+        else:
+            steps.append((ref.tenant, [ref.trajectory_id]))
+    own = sorted(
+        (r for r in depth if r.tenant == tenant), key=lambda r: (-depth[r], r.trajectory_id)
+    )
+    steps.append((tenant, [r.trajectory_id for r in own] + ids))  # roots are never in `depth`
+    return steps
 
 
 def purge_cascade(
@@ -264,13 +271,10 @@ def purge_cascade(
     partitions has a live writer (`PartitionLockedError`), no source was purged yet, so a retry
     finds the same descendants again (a purged source no longer names its descendants).
     """
-    plan = purge_plan(store, writer.tenant, trajectory_ids)
-    purged = {}
-    for other, ids in plan.items():
-        if other == writer.tenant or not ids:
-            continue
+    *others, (_, own) = purge_plan(store, writer.tenant, trajectory_ids)
+    purged: dict[str, list[str]] = collections.defaultdict(list)
+    for other, ids in others:
         with store.writer(other) as other_writer:
-            purged[other] = other_writer.purge(ids, reason=f"source purged: {reason}")
-    own = plan[writer.tenant]
+            purged[other] += other_writer.purge(ids, reason=f"source purged: {reason}")
     purged[writer.tenant] = writer.purge(own, reason=reason) if own else []
-    return purged
+    return dict(purged)

@@ -138,7 +138,7 @@ class AtdpStore:
                 for e in reader.entries(closed_only=False)
                 if is_expired(e.governance(), now)
             ]
-            return lineage.purge_plan(self, tenant, expired)[tenant]
+            return lineage.purge_plan(self, tenant, expired)[-1][1]
         with self.writer(tenant) as writer:
             purged = lineage.purge_cascade(
                 self, writer, writer.expired_ids(now), reason="retention expired"
