@@ -229,6 +229,42 @@ def ancestors(reader_or_store: Any, tenant: str, trajectory_id: str) -> set[Sour
     return found
 
 
+def source_governance(
+    store: Any, refs: Iterable[SourceRef], *, missing_ok: bool = False
+) -> dict[SourceRef, Governance]:
+    """The effective governance of each stored source, read from the partitions' indices.
+
+    Raises `LineageError` naming the sources that are not stored (never written, or purged:
+    data must not be derived from a purged trajectory); with `missing_ok` they are left out.
+    """
+    refs = list(dict.fromkeys(refs))
+    tenants = set(store.tenants())
+    readers: dict[str, PartitionReader] = {}
+    out, missing = {}, []
+    for ref in refs:
+        if ref.tenant in tenants and ref.tenant not in readers:
+            readers[ref.tenant] = PartitionReader(
+                store.partition_spec(ref.tenant),
+                ref.tenant,
+                store.config,
+                content=False,
+                context=store.context,
+            )
+            readers[ref.tenant].refresh()
+        entry = (
+            readers[ref.tenant].index.by_id.get(ref.trajectory_id)
+            if ref.tenant in readers
+            else None
+        )
+        if entry is None:
+            missing.append(str(ref))
+        else:
+            out[ref] = entry.governance()
+    if missing and not missing_ok:
+        raise LineageError(f"sources not stored (never written, or purged): {missing}")
+    return out
+
+
 def in_partition_descendants(index: PartitionIndex, tenant: str, ids: Iterable[str]) -> list[str]:
     """Ids of `tenant`'s records derived (transitively) from its `ids`, deepest first."""
     depth = closure(children_map({tenant: index}), {SourceRef(tenant, i) for i in ids})

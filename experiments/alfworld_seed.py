@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atdp_io import lineage
 from experiments import alfworld_run as phases
 from experiments import alfworld_sao
 from experiments.alfworld_sao import ExperimentConfig
@@ -146,11 +147,17 @@ def hindsight_sft(run: phases.Run, log: MetricsWriter) -> dict:
 
 
 def _to_tenant(trajectory, tenant: str):
-    header = trajectory.header
-    governance = dataclasses.replace(header.governance, tenant=tenant)
-    return dataclasses.replace(
-        trajectory, header=dataclasses.replace(header, governance=governance)
+    """A copy of `trajectory` in `tenant`: derived data, purged with the original."""
+    header = lineage.derived_header(
+        [trajectory],
+        tenant=tenant,
+        **{
+            f.name: getattr(trajectory.header, f.name)
+            for f in dataclasses.fields(trajectory.header)
+            if f.name not in ("governance", "derived_from")
+        },
     )
+    return dataclasses.replace(trajectory, header=header)
 
 
 # -- stage 2 -----------------------------------------------------------------------------------
@@ -179,6 +186,7 @@ def make_learner(run: phases.Run) -> Learner:
                 run.tokenizer,
                 tenant=SKILLS,
                 max_actions=spec.max_actions,
+                skip_purged=True,  # an episode purged while training leaves no skill behind
             )
 
     return SeedLearner(
