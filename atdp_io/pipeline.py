@@ -182,8 +182,8 @@ class _BatcherIterator(grain.DatasetIterator):
             [rows for _, rows in groups], config.rows, config.seq_len, config.pad_id
         )
         # Which trajectory each slot k holds, so a learner can record what it trained on.
-        batch[trained_on.BATCH_KEY] = np.asarray(
-            [f"{item.tenant}/{item.trajectory_id}" for item, _ in groups], np.str_
+        batch[trained_on.BATCH_KEY] = trained_on.encode_refs(
+            [f"{item.tenant}/{item.trajectory_id}" for item, _ in groups], config.rows
         )
         return batch
 

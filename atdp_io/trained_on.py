@@ -23,7 +23,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from etils import epath
@@ -33,7 +33,10 @@ from atdp_io.schema import SchemaError, SourceRef
 FORMAT = "atdp-trained-on"
 VERSION = 1
 LINEAGE_DIR = "lineage"
-BATCH_KEY = "trajectory_refs"  # [K] str: "tenant/trajectory_id" of each batch slot k
+# [R, L] uint8 in a loader batch: row k is the UTF-8 "tenant/trajectory_id" of the trajectory in
+# slot k of `traj_index`, NUL-padded (an id is printable, so it holds no NUL). Bytes rather than
+# strings, so that a batch stays an all-numeric dict any array library accepts.
+BATCH_KEY = "trajectory_refs"
 _STEP = re.compile(r"^\d+$")
 
 
@@ -41,6 +44,22 @@ def as_path(location: str | os.PathLike) -> epath.Path:
     """A local path made absolute, a URL (`gs://...`) kept as it is."""
     text = os.fspath(location)
     return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
+def encode_refs(refs: Sequence[str], rows: int) -> np.ndarray:
+    """The `trajectory_refs` entry of a batch of `rows` rows whose slot k holds `refs[k]`."""
+    if len(refs) > rows:
+        raise ValueError(f"{len(refs)} trajectories do not fit a batch of {rows} rows")
+    encoded = [ref.encode() for ref in refs]
+    out = np.zeros((rows, max([1, *map(len, encoded)])), np.uint8)
+    for k, raw in enumerate(encoded):
+        out[k, : len(raw)] = np.frombuffer(raw, np.uint8)
+    return out
+
+
+def decode_ref(row: np.ndarray) -> SourceRef:
+    """The trajectory of one `trajectory_refs` row."""
+    return SourceRef.parse(np.asarray(row, np.uint8).tobytes().rstrip(b"\0").decode())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +98,7 @@ class TrainedOn:
             return
         used = np.unique(np.asarray(batch["traj_index"]))
         for k in used[used >= 0].tolist():
-            self.pending[SourceRef.parse(str(refs[k]))] += 1
+            self.pending[decode_ref(refs[k])] += 1
 
     def saved(self, path: str) -> None:
         """After the sidecar of checkpoint `path` was written: start counting afresh."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from atdp_io import EventKind, Governance, SourceRef, Trajectory
 from atdp_io import lineage as lineage_lib
-from atdp_io.trained_on import BATCH_KEY
+from atdp_io.trained_on import BATCH_KEY, decode_ref
 from sao_jax.envs.alfworld import parse_reply
 from sao_jax.envs.alfworld.game import TASK_TEMPLATES
 from sao_jax.tokenizers import Tokenizer
@@ -126,7 +126,7 @@ def from_batch(
             context = tokenizer.decode(tokens[r][real[r] & ~mask[r]], skip_special_tokens=True)
             task = task or _first(_TASK, context)
             observations += [m.strip() for m in _OBSERVATION.findall(context)]
-        source = SourceRef.parse(str(refs[k])) if refs is not None else None
+        source = decode_ref(refs[k]) if refs is not None else None
         records[int(k)] = EpisodeRecord(
             trajectory_id=source.trajectory_id if source else "",
             task=task,

@@ -22,7 +22,7 @@ def derived(trajectory_id, source, tenant):
 
 def batch_of(*refs):
     return {
-        trained_on.BATCH_KEY: np.asarray(refs, np.str_),
+        trained_on.BATCH_KEY: trained_on.encode_refs(refs, len(refs) + 1),
         "traj_index": np.arange(len(refs), dtype=np.int32),
     }
 
