@@ -154,23 +154,20 @@ def derived_header(
 # -- following derivations ----------------------------------------------------------------------
 
 
-def _maintenance_readers(store: Any) -> dict[str, PartitionReader]:
-    """Index-only readers of every partition (headers, no payloads), refreshed."""
-    readers = {}
-    for tenant in store.tenants():
-        reader = PartitionReader(
-            store.partition_spec(tenant), tenant, store.config, content=False, context=store.context
-        )
-        reader.refresh()
-        readers[tenant] = reader
-    return readers
+def _maintenance_reader(store: Any, tenant: str) -> PartitionReader:
+    """An index-only reader of one partition (headers, no payloads), refreshed."""
+    reader = PartitionReader(
+        store.partition_spec(tenant), tenant, store.config, content=False, context=store.context
+    )
+    reader.refresh()
+    return reader
 
 
 def _indices(reader_or_store: Any) -> dict[str, PartitionIndex]:
     if isinstance(reader_or_store, PartitionReader):
         return {reader_or_store.tenant: reader_or_store.index}
     if hasattr(reader_or_store, "tenants") and hasattr(reader_or_store, "partition_spec"):
-        return {t: r.index for t, r in _maintenance_readers(reader_or_store).items()}
+        return {t: _maintenance_reader(reader_or_store, t).index for t in reader_or_store.tenants()}
     raise TypeError(
         f"expected an AtdpStore or a PartitionReader, got {type(reader_or_store).__name__}"
     )
@@ -239,23 +236,12 @@ def source_governance(
     """
     refs = list(dict.fromkeys(refs))
     tenants = set(store.tenants())
-    readers: dict[str, PartitionReader] = {}
+    indices: dict[str, PartitionIndex] = {}
     out, missing = {}, []
     for ref in refs:
-        if ref.tenant in tenants and ref.tenant not in readers:
-            readers[ref.tenant] = PartitionReader(
-                store.partition_spec(ref.tenant),
-                ref.tenant,
-                store.config,
-                content=False,
-                context=store.context,
-            )
-            readers[ref.tenant].refresh()
-        entry = (
-            readers[ref.tenant].index.by_id.get(ref.trajectory_id)
-            if ref.tenant in readers
-            else None
-        )
+        if ref.tenant in tenants and ref.tenant not in indices:
+            indices[ref.tenant] = _maintenance_reader(store, ref.tenant).index
+        entry = indices.get(ref.tenant, PartitionIndex()).by_id.get(ref.trajectory_id)
         if entry is None:
             missing.append(str(ref))
         else:
@@ -281,6 +267,8 @@ def purge_plan(
     fails, every record still stored is reachable from the sources again: a retry finds it.
     """
     ids = list(dict.fromkeys(trajectory_ids))
+    if not ids:  # nothing to follow: do not read every partition's index
+        return [(tenant, [])]
     depth = closure(children_map(_indices(store)), {SourceRef(tenant, i) for i in ids})
     steps: list[tuple[str, list[str]]] = []
     for ref in sorted(depth, key=lambda r: (-depth[r], r.tenant, r.trajectory_id)):
