@@ -125,6 +125,7 @@ def hindsight_sft(run: phases.Run, log: MetricsWriter) -> dict:
         load_balance_loss_weight=config.learner.load_balance_loss_weight,
         router_z_loss_weight=config.learner.router_z_loss_weight,
     )
+    cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's
     bar = ProgressBar(spec.sft_steps, desc="skill SFT", keys=("nll",), disable=not config.progress)
 
     def report(step: int, metrics: dict) -> None:
@@ -231,6 +232,7 @@ def run(config: SeedExperimentConfig) -> dict:
             phases.warm_start(state, log)
             sft = hindsight_sft(state, log)
             learner = make_learner(state)
+            learner.trained_on = state.trained_on  # warm start + skill SFT data, then RL
         elif meta["phase"] != "rl" and phases.budget_left(state, learner):
             meta["phase"] = "rl"
             state.evals.pop("end", None)

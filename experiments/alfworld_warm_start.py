@@ -238,6 +238,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         context_weight=spec.context_weight,
         mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
+    cloner.trained_on = run.trained_on  # the demos and relabels go into the warm start's lineage
     heldout = heldout_batches(run, spec) if spec.heldout_episodes else None
     total = steps + spec.dagger_rounds * spec.dagger_steps
     bar = ProgressBar(
