@@ -7,6 +7,9 @@
   `--eligible-only` only what a training job may use does. An operator exports anything only
   as an audited review: `--principal operator:<name> --review-reason TEXT`.
 - purge: erase expired trajectories (retention), or list them with --dry-run.
+- lineage: what a trajectory was derived from, what was derived from it and which checkpoints
+  trained on it (`--store DIR --tenant T --trajectory ID [--checkpoint CKPT_DIR]`); or which
+  trajectories a checkpoint trained on (`--checkpoint DIR/<step> [--store DIR]`).
 
 Inspect and purge run as an operator (`--principal operator:<name>`, the default) without
 content access; export reads content, so it needs the tenant itself or a grant. Every operator
@@ -22,11 +25,12 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from atdp_io import codec
+from atdp_io import codec, lineage, trained_on
 from atdp_io.access import AccessDenied
 from atdp_io.governance import EXPORT, OPERATOR_REVIEW
 from atdp_io.locking import PartitionLockedError
 from atdp_io.report import partition_report
+from atdp_io.schema import SchemaError, SourceRef
 from atdp_io.store import AtdpStore
 
 _OPERATOR = "operator:cli"
@@ -34,6 +38,8 @@ _OPERATOR = "operator:cli"
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "lineage":
+        return _lineage(args)
     try:
         store = AtdpStore.open(args.path, create=False)
     except (FileNotFoundError, ValueError) as err:
@@ -72,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         help="operators: export as an audited operator_review (ineligible data included)",
     )
     commands.choices["purge"].add_argument("--dry-run", action="store_true")
+    _lineage_parser(commands)
     return parser
 
 
@@ -145,3 +152,132 @@ def _purge(store: AtdpStore, tenants: list[str], args) -> int:
         for trajectory_id in purged:
             print(f"  {trajectory_id}")
     return 1 if failed else 0
+
+
+def _lineage_parser(commands) -> None:
+    sub = commands.add_parser("lineage", help="derivations of a trajectory, or a checkpoint's data")
+    sub.add_argument("--store", help="store root (needed with --trajectory)")
+    sub.add_argument("--tenant", help="the trajectory's tenant")
+    sub.add_argument("--trajectory", help="a trajectory id")
+    sub.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        help="a checkpoint step DIR/<step> or a checkpoint directory (repeatable)",
+    )
+    sub.add_argument("--principal", default=_OPERATOR)
+    sub.add_argument("--json", action="store_true", help="JSON output")
+
+
+def _lineage(args) -> int:
+    """`lineage`: answers from the store's headers and the checkpoints' trained-on sidecars."""
+    if args.trajectory is None and not args.checkpoint:
+        print(
+            "error: lineage needs --trajectory (with --store, --tenant) or --checkpoint",
+            file=sys.stderr,
+        )
+        return 2
+    if args.trajectory is not None and (args.store is None or args.tenant is None):
+        print("error: --trajectory needs --store and --tenant", file=sys.stderr)
+        return 2
+    store = None
+    if args.store is not None:
+        try:
+            store = AtdpStore.open(args.store, create=False)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    try:
+        if args.trajectory is not None:
+            report = _trajectory_lineage(store, args)
+        else:
+            report = {
+                "checkpoints": [
+                    _checkpoint_lineage(p, store, args.principal) for p in args.checkpoint
+                ]
+            }
+    except (AccessDenied, FileNotFoundError, SchemaError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_lineage(report)
+    return 0
+
+
+def _trajectory_lineage(store: AtdpStore, args) -> dict:
+    reader = store.reader(args.tenant, principal=args.principal, purpose="inspect")
+    reader.refresh()
+    found = args.trajectory in reader.index.by_id
+    derived = lineage.descendants(store, args.tenant, [args.trajectory])
+    if not found and not derived:
+        raise FileNotFoundError(
+            f"no trajectory {args.trajectory!r} in {args.tenant!r}, and nothing stored names it "
+            "as a source (never written, or purged with everything derived from it)"
+        )
+    ref = SourceRef(args.tenant, args.trajectory)
+    directories = [trained_on.split_step_path(p)[0] for p in args.checkpoint]
+    checkpoints = trained_on.checkpoints_trained_on(directories, {ref, *derived})
+    return {
+        "trajectory": str(ref),
+        "stored": found,
+        "derived_from": sorted(map(str, lineage.ancestors(store, args.tenant, args.trajectory))),
+        "derived": sorted(map(str, derived)),
+        "checkpoints": {path: sorted(map(str, refs)) for path, refs in sorted(checkpoints.items())},
+    }
+
+
+def _checkpoint_lineage(path: str, store: AtdpStore | None, principal: str) -> dict:
+    directory, step = trained_on.split_step_path(path)
+    if step is None:
+        known = trained_on.steps(directory)
+        if not known:
+            raise FileNotFoundError(f"{path}: no checkpoint step with a trained-on sidecar")
+        step = known[-1]
+    step_path = str(directory / str(step))
+    chain = trained_on.chain(step_path)
+    if not chain:
+        raise FileNotFoundError(f"{step_path}: no trained-on sidecar (saved without lineage)")
+    live: dict[str, set[str]] = {}
+    counts = trained_on.trained_on(step_path)
+    rows = []
+    for ref, batches in sorted(counts.items(), key=lambda item: str(item[0])):
+        row = {"trajectory": str(ref), "batches": batches}
+        if store is not None:
+            if ref.tenant not in live:
+                live[ref.tenant] = _live_ids(store, ref.tenant, principal)
+            row["stored"] = ref.trajectory_id in live[ref.tenant]
+        rows.append(row)
+    return {
+        "checkpoint": step_path,
+        "chain": [item.path for item in chain],
+        "trajectories": rows,
+    }
+
+
+def _live_ids(store: AtdpStore, tenant: str, principal: str) -> set[str]:
+    if tenant not in store.tenants():
+        return set()
+    reader = store.reader(tenant, principal=principal, purpose="inspect")
+    reader.refresh()
+    return set(reader.index.by_id)
+
+
+def _print_lineage(report: dict) -> None:
+    if "trajectory" in report:
+        state = "stored" if report["stored"] else "not stored (purged?)"
+        print(f"{report['trajectory']}: {state}")
+        for title, key in (("derived from", "derived_from"), ("derived", "derived")):
+            print(f"{title}: {len(report[key])}")
+            for item in report[key]:
+                print(f"  {item}")
+        print(f"checkpoints trained on it: {len(report['checkpoints'])}")
+        for path, refs in report["checkpoints"].items():
+            print(f"  {path} (through {', '.join(refs)})")
+        return
+    for checkpoint in report["checkpoints"]:
+        print(f"{checkpoint['checkpoint']}: {len(checkpoint['trajectories'])} trajectories")
+        print(f"  chain: {' <- '.join(checkpoint['chain'])}")
+        if checkpoint["trajectories"]:
+            print(tabulate(checkpoint["trajectories"], headers="keys"))

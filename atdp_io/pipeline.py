@@ -29,6 +29,7 @@ import numpy as np
 
 from atdp_io import groups as groups_lib
 from atdp_io import rows as rows_lib
+from atdp_io import trained_on
 
 if TYPE_CHECKING:
     from atdp_io.loader import AtdpLoader
@@ -177,9 +178,14 @@ class _BatcherIterator(grain.DatasetIterator):
         groups = [group for group, keep in zip(groups, kept, strict=True) if keep]
         stats.add("batches")
         stats.add("rows_emitted", sum(len(rows) for _, rows in groups))
-        return rows_lib.pack_batch(
+        batch = rows_lib.pack_batch(
             [rows for _, rows in groups], config.rows, config.seq_len, config.pad_id
         )
+        # Which trajectory each slot k holds, so a learner can record what it trained on.
+        batch[trained_on.BATCH_KEY] = trained_on.encode_refs(
+            [f"{item.tenant}/{item.trajectory_id}" for item, _ in groups], config.rows
+        )
+        return batch
 
     def _pull_unit(self) -> tuple[list[TrajectoryRows], tuple[dict, int]] | None:
         """The next unit the batcher never splits (a trajectory, or a group's items: the

@@ -73,6 +73,7 @@ __all__ = [
     "ReviewStatus",
     "Reward",
     "SchemaError",
+    "SourceRef",
     "ToolCall",
     "Trajectory",
     "TrajectoryHeader",
@@ -143,12 +144,50 @@ class Envelope:
             raise fail("envelope.tool_versions", "expected a mapping tool name -> version")
 
 
+def _check_trajectory_id(path: str, value: Any) -> None:
+    check_str(path, value, nonempty=True)
+    if len(value) > _MAX_ID_CHARS or not value.isprintable():
+        raise fail(path, f"must be printable, <= {_MAX_ID_CHARS} chars")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceRef:
+    """A trajectory a derived record was made from: its tenant partition and id.
+
+    The tenant is kept because derived data may be written to another partition (skills of the
+    skill bank, relabelled turns of the demos tenant); the reference still names the source.
+    """
+
+    tenant: str
+    trajectory_id: str
+
+    def __post_init__(self):
+        check_tenant_id(self.tenant, "source.tenant")
+        _check_trajectory_id("source.trajectory_id", self.trajectory_id)
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.trajectory_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> SourceRef:
+        """The inverse of `str()`: "tenant/trajectory id" (tenant ids never contain "/")."""
+        tenant, sep, trajectory_id = str(text).partition("/")
+        if not sep:
+            raise fail("source", f"expected 'tenant/trajectory_id', got {text!r}")
+        return cls(tenant, trajectory_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrajectoryHeader:
     """Identity, governance and replay envelope of a trajectory.
 
     `task` describes how to reset an environment to this episode (used by approximate replay),
     e.g. `{"env": "alfworld", "split": "train", "index": 12}`.
+
+    `derived_from`: for derived data (a skill, a relabelled episode), the trajectories it was
+    made from; its governance must be at least as strict as theirs (`atdp_io.lineage`), and
+    purging a source purges it. Empty for data recorded first-hand (and in records written
+    before lineage existed: the field is optional on disk).
     """
 
     trajectory_id: str
@@ -158,11 +197,10 @@ class TrajectoryHeader:
     task: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     envelope: Envelope = dataclasses.field(default_factory=Envelope)
     schema_version: int = SCHEMA_VERSION
+    derived_from: tuple[SourceRef, ...] = ()
 
     def __post_init__(self):
-        check_str("header.trajectory_id", self.trajectory_id, nonempty=True)
-        if len(self.trajectory_id) > _MAX_ID_CHARS or not self.trajectory_id.isprintable():
-            raise fail("header.trajectory_id", f"must be printable, <= {_MAX_ID_CHARS} chars")
+        _check_trajectory_id("header.trajectory_id", self.trajectory_id)
         if not isinstance(self.governance, Governance):
             raise fail("header.governance", "expected Governance")
         check_finite("header.created_at", self.created_at)
@@ -171,6 +209,14 @@ class TrajectoryHeader:
             raise fail("header.task", "expected a JSON object")
         if not isinstance(self.envelope, Envelope):
             raise fail("header.envelope", "expected Envelope")
+        object.__setattr__(self, "derived_from", tuple(self.derived_from))
+        for i, source in enumerate(self.derived_from):
+            if not isinstance(source, SourceRef):
+                raise fail(f"header.derived_from[{i}]", "expected SourceRef")
+            if source == SourceRef(self.governance.tenant, self.trajectory_id):
+                raise fail(f"header.derived_from[{i}]", "a trajectory cannot derive from itself")
+        if len(set(self.derived_from)) != len(self.derived_from):
+            raise fail("header.derived_from", "lists a source twice")
         if self.schema_version != SCHEMA_VERSION:
             raise fail(
                 "header.schema_version",

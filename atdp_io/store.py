@@ -29,7 +29,7 @@ from typing import Any
 
 import tensorstore as ts
 
-from atdp_io import deletion, layout
+from atdp_io import deletion, layout, lineage
 from atdp_io.access import AccessControl, AccessDenied, Grant, is_operator
 from atdp_io.governance import EligibilityPolicy, is_expired
 from atdp_io.reader import PartitionReader
@@ -167,10 +167,13 @@ class AtdpStore:
     ) -> list[str]:
         """Retention: purges `tenant`'s expired trajectories; returns their ids (audited).
 
-        Run by the tenant itself or an operator. Opens a writer only when something expired:
-        this process's live writer of the partition if it has one, else its own (which fails
-        with `PartitionLockedError` while another process writes the partition).
-        `atdp_io.retention.PurgeSchedule` runs this periodically.
+        What was derived from them goes too (`lineage.purge_cascade`): ids derived inside
+        `tenant` are in the returned list, those derived into other partitions are purged
+        there and recorded in those partitions' audit logs. Run by the tenant itself or an
+        operator. Opens a writer only when something expired: this process's live writer of a
+        partition if it has one, else its own (which fails with `PartitionLockedError` while
+        another process writes that partition). `atdp_io.retention.PurgeSchedule` runs this
+        periodically.
         """
         self.access.check(tenant, principal, "purge", content=False)
         now = self.clock() if now is None else now
@@ -183,20 +186,29 @@ class AtdpStore:
             if is_expired(e.governance(), now)
         ]
         if dry_run:
-            return expired
-        purged = []
+            return lineage.purge_plan(self, tenant, expired)[-1][1]
+        purged = {tenant: []}
         if expired:  # no writer otherwise: on remote kvstores a writer's takeover fences others
-            with self._maintenance_writer(tenant) as writer:
-                purged = writer.purge_expired(now)
-        self.access.audit(
-            tenant,
-            principal=principal,
-            action="purge",
-            purpose="retention",
-            allowed=True,
-            detail={"purged": len(purged), "now": now},
+            purged = self._purge_cascade(tenant, expired, reason="retention expired")
+        for other, ids in purged.items():
+            detail = {"purged": len(ids), "now": now}
+            if other != tenant:
+                detail["derived_from_tenant"] = tenant
+            self.access.audit(
+                other,
+                principal=principal,
+                action="purge",
+                purpose="retention" if other == tenant else "lineage",
+                allowed=True,
+                detail=detail,
+            )
+        return purged[tenant]
+
+    def _purge_cascade(self, tenant: str, ids: Sequence[str], *, reason: str) -> dict:
+        """`lineage.purge_cascade` through this process's live writers where it has them."""
+        return lineage.purge_cascade(
+            self, tenant, ids, reason=reason, open_writer=self._maintenance_writer
         )
-        return purged
 
     def delete_trajectories(
         self,
@@ -208,7 +220,9 @@ class AtdpStore:
         trajectory_ids: Sequence[str] | None = None,
         reason: str,
     ) -> list[str]:
-        """Erases the selected trajectories' bytes (as a purge does); returns their ids.
+        """Erases the selected trajectories' bytes (as a purge does), and those of every record
+        derived from them (`lineage`; in other partitions too, audited there); returns the ids
+        erased in `tenant`.
 
         Selectors combine with AND (see deletion.py; `user_id` matches `header.task["user_id"]`).
         `requested_by` must be the tenant itself or an operator. Audited, as is a refusal. A
@@ -228,10 +242,10 @@ class AtdpStore:
         # Selected before any writer opens: a request that fails or matches nothing writes
         # nothing (a writer's takeover alone rewrites the head).
         chosen = deletion.select(self._index(tenant), selection, tenant)
-        deleted = []
-        if chosen:
-            with self._maintenance_writer(tenant) as writer:
-                deleted = writer.purge(chosen, reason=f"deletion request: {reason}")
+        purged = {tenant: []}
+        if chosen:  # and what was derived from them, in any partition (lineage)
+            purged = self._purge_cascade(tenant, chosen, reason=f"deletion request: {reason}")
+        deleted = purged[tenant]
         detail = {**selection.as_detail(), "reason": reason, "deleted": deleted}
         self.access.audit(
             tenant,
@@ -241,6 +255,12 @@ class AtdpStore:
             allowed=True,
             detail=detail,
         )
+        for other, ids in purged.items():
+            if other != tenant:
+                self.access.audit(
+                    other, principal=requested_by, action="delete", purpose="lineage",
+                    allowed=True, detail={"deleted": ids, "derived_from_tenant": tenant},
+                )  # fmt: skip
         return deleted
 
     def withdraw_consent(
@@ -256,8 +276,9 @@ class AtdpStore:
 
         Each gets a `GovernanceUpdate(consent=WITHDRAWN)` annotation (none when already
         withdrawn), so the loader, training readers and exports stop serving it on their next
-        refresh; the bytes stay until deleted or expired. Selection, permission, errors and
-        audit as for `delete_trajectories`.
+        refresh; the bytes stay until deleted or expired. Records derived from them (`lineage`,
+        any partition) are withdrawn too, audited in their partitions. Selection, permission,
+        errors and audit as for `delete_trajectories`; returns the selected ids of `tenant`.
         """
         selection = deletion.check_request(
             "withdraw_consent",
@@ -270,20 +291,37 @@ class AtdpStore:
         now = self.clock()
         index = self._index(tenant)
         chosen = deletion.select(index, selection, tenant)
-        updates = [
-            GovernanceUpdate(
-                trajectory_id,
-                timestamp=now,
-                reason=f"consent withdrawn (requested by {requested_by})",
-                consent=ConsentStatus.WITHDRAWN,
-            )
-            for trajectory_id in chosen
-            if index.by_id[trajectory_id].governance().consent != ConsentStatus.WITHDRAWN
-        ]
-        if updates:
-            with self._maintenance_writer(tenant) as writer:
-                writer.annotate(*updates)
-        detail = {**selection.as_detail(), "withdrawn": chosen, "annotated": len(updates)}
+        # records derived from them carry their consent (lineage): withdrawn there too
+        derived: dict[str, list[str]] = {}
+        for ref in lineage.descendants(self, tenant, chosen) if chosen else ():
+            derived.setdefault(ref.tenant, []).append(ref.trajectory_id)
+        targets = {tenant: chosen}
+        for other, ids in derived.items():
+            targets[other] = [*targets.get(other, []), *ids]
+        annotated = 0
+        for other in sorted(targets, key=lambda t: t == tenant):  # the sources' partition last
+            other_index = index if other == tenant else self._index(other)
+            updates = [
+                GovernanceUpdate(
+                    trajectory_id,
+                    timestamp=now,
+                    reason=f"consent withdrawn (requested by {requested_by})"
+                    + ("" if other == tenant else f", derived from {tenant!r}"),
+                    consent=ConsentStatus.WITHDRAWN,
+                )
+                for trajectory_id in sorted(set(targets[other]))
+                if other_index.by_id[trajectory_id].governance().consent != ConsentStatus.WITHDRAWN
+            ]
+            if updates:
+                with self._maintenance_writer(other) as writer:
+                    writer.annotate(*updates)
+                annotated += len(updates)
+            if other != tenant:
+                self.access.audit(
+                    other, principal=requested_by, action="withdraw_consent", purpose="lineage",
+                    allowed=True, detail={"withdrawn": targets[other], "derived_from_tenant": tenant},
+                )  # fmt: skip
+        detail = {**selection.as_detail(), "withdrawn": chosen, "annotated": annotated}
         self.access.audit(
             tenant,
             principal=requested_by,

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from atdp_io import encoding, layout
+from atdp_io import encoding, layout, lineage
 from atdp_io.governance import is_expired
 from atdp_io.index import PartitionIndex
 from atdp_io.layout import Head
@@ -245,15 +245,25 @@ class PartitionWriter:
             layout.erase_records(self._arrays, erased)
         return ids
 
-    def purge_expired(self, now: float | None = None) -> list[str]:
-        """Purges every trajectory whose (effective) retention expired at `now`."""
+    def expired_ids(self, now: float | None = None) -> list[str]:
+        """Ids of the trajectories whose (effective) retention expired at `now`."""
         now = self._clock() if now is None else now
         with self._commit_lock:
             index = self._synced_index()
-            expired = [
+            return [
                 e.trajectory_id for e in index.by_id.values() if is_expired(e.governance(), now)
             ]
-        return self.purge(expired, reason="retention expired") if expired else []
+
+    def purge_expired(self, now: float | None = None) -> list[str]:
+        """Purges every trajectory whose (effective) retention expired at `now`, and what this
+        partition derived from them (`lineage`); `AtdpStore.purge_expired` also reaches records
+        derived into other partitions."""
+        expired = self.expired_ids(now)
+        if not expired:
+            return []
+        with self._commit_lock:
+            derived = lineage.in_partition_descendants(self._synced_index(), self.tenant, expired)
+        return self.purge(derived + expired, reason="retention expired")
 
     def close(self) -> None:
         """Waits for asynchronous appends, then releases the partition lock."""

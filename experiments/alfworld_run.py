@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from atdp_io.trained_on import TrainedOn
 from experiments.alfworld_sao import SPLITS, ExperimentConfig
 from experiments.alfworld_setup import (
     _SAMPLERS,
@@ -86,6 +87,7 @@ def warm_start(run: Run, log: MetricsWriter) -> None:
             checkpoint_directory(spec.from_run) / WARM_START_DIR, create=False
         ) as saved:
             restored = saved.restore({"policy": run.policy})
+            run.trained_on = TrainedOn(parent=saved.step_path(restored.step))
         run.policy = restored.items["policy"]
         run.evals["start"] = restored.metadata["evals"]["start"]
         if "warm_start" in restored.metadata["evals"]:
@@ -95,7 +97,7 @@ def warm_start(run: Run, log: MetricsWriter) -> None:
     evaluate_policy(run, log, run.policy, 0, "start")
     with Checkpointer(run.warm_start_dir, max_to_keep=1, async_save=False) as saved:
         kept = {k: run.evals[k] for k in ("start", "warm_start") if k in run.evals}
-        saved.save(0, {"policy": run.policy}, metadata={"evals": kept})
+        saved.save(0, {"policy": run.policy}, metadata={"evals": kept}, trained_on=run.trained_on)
 
 
 def evaluate_policy(
@@ -407,6 +409,7 @@ def run(config: ExperimentConfig, *, distributed: DistributedConfig | None = Non
         if meta is None:
             warm_start(state, log)
             learner = Learner(state.config.learner, state.policy, mesh=state.mesh)
+            learner.trained_on = state.trained_on  # its first checkpoint's parent: the warm start
         elif meta["phase"] != "rl" and budget_left(state, learner):
             meta["phase"] = "rl"  # a finished run resumed with a larger budget
             state.evals.pop("end", None)

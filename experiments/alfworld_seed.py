@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atdp_io import lineage
 from experiments import alfworld_run as phases
 from experiments import alfworld_sao
 from experiments.alfworld_sao import ExperimentConfig
@@ -124,6 +125,7 @@ def hindsight_sft(run: phases.Run, log: MetricsWriter) -> dict:
         load_balance_loss_weight=config.learner.load_balance_loss_weight,
         router_z_loss_weight=config.learner.router_z_loss_weight,
     )
+    cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's
     bar = ProgressBar(spec.sft_steps, desc="skill SFT", keys=("nll",), disable=not config.progress)
 
     def report(step: int, metrics: dict) -> None:
@@ -146,11 +148,17 @@ def hindsight_sft(run: phases.Run, log: MetricsWriter) -> dict:
 
 
 def _to_tenant(trajectory, tenant: str):
-    header = trajectory.header
-    governance = dataclasses.replace(header.governance, tenant=tenant)
-    return dataclasses.replace(
-        trajectory, header=dataclasses.replace(header, governance=governance)
+    """A copy of `trajectory` in `tenant`: derived data, purged with the original."""
+    header = lineage.derived_header(
+        [trajectory],
+        tenant=tenant,
+        **{
+            f.name: getattr(trajectory.header, f.name)
+            for f in dataclasses.fields(trajectory.header)
+            if f.name not in ("governance", "derived_from")
+        },
     )
+    return dataclasses.replace(trajectory, header=header)
 
 
 # -- stage 2 -----------------------------------------------------------------------------------
@@ -179,6 +187,7 @@ def make_learner(run: phases.Run) -> Learner:
                 run.tokenizer,
                 tenant=SKILLS,
                 max_actions=spec.max_actions,
+                skip_purged=True,  # an episode purged while training leaves no skill behind
             )
 
     return SeedLearner(
@@ -223,6 +232,7 @@ def run(config: SeedExperimentConfig) -> dict:
             phases.warm_start(state, log)
             sft = hindsight_sft(state, log)
             learner = make_learner(state)
+            learner.trained_on = state.trained_on  # warm start + skill SFT data, then RL
         elif meta["phase"] != "rl" and phases.budget_left(state, learner):
             meta["phase"] = "rl"
             state.evals.pop("end", None)

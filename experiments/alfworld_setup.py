@@ -19,6 +19,7 @@ from flax import nnx
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from atdp_io.retention import PurgeSchedule
+from atdp_io.trained_on import TrainedOn
 from experiments.alfworld_lengths import sized_config
 from experiments.alfworld_sao import ExperimentConfig
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
@@ -139,6 +140,9 @@ class Run:
         self.rollout_stats: dict[str, Any] = {}
         self.timing: dict[str, float] = {}
         self.data_state: dict | None = None  # the RL stream's position
+        # What `policy` trained on since its last checkpoint: shared by the cloner(s) and the
+        # learner, so every checkpoint's lineage sidecar chains back to the warm start.
+        self.trained_on = TrainedOn()
 
     # -- several processes ------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from atdp_io import (
     EventKind,
     LLMCall,
     Trajectory,
-    TrajectoryHeader,
+    lineage,
 )
 from atdp_io.rows import pack_batch
 from experiments.alfworld_lengths import (  # noqa: F401  (re-exported: the phase's checks)
@@ -113,12 +113,12 @@ def relabel_with_expert(
                 break
     if not any(e.kind == EventKind.LLM_CALL for e in events):
         return None
-    governance = trajectory.header.governance
-    if tenant is not None:
-        governance = dataclasses.replace(governance, tenant=tenant)
-    header = TrajectoryHeader(
+    # Derived data: it names the episode and takes its governance (expires and is purged
+    # with it), wherever it is written.
+    header = lineage.derived_header(
+        [trajectory],
+        tenant=tenant,
         trajectory_id=f"{trajectory.trajectory_id}-relabel",
-        governance=governance,
         created_at=trajectory.header.created_at,
         session_id=trajectory.header.session_id,
         task={**task, "source": "expert_relabel"},
@@ -238,6 +238,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         context_weight=spec.context_weight,
         mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
+    cloner.trained_on = run.trained_on  # the demos and relabels go into the warm start's lineage
     heldout = heldout_batches(run, spec) if spec.heldout_episodes else None
     total = steps + spec.dagger_rounds * spec.dagger_steps
     bar = ProgressBar(

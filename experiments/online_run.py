@@ -227,6 +227,7 @@ def run(config: OnlineConfig) -> dict:
         if meta is None:
             warm_start(state, log)
             learner = Learner(state.config.learner, state.policy)
+            learner.trained_on = state.trained_on  # its first checkpoint's parent: the warm start
         elif meta["phase"] != "rl" and budget_left(state, learner):
             meta["phase"] = "rl"  # a finished run resumed with a larger budget
             state.evals.pop("end", None)

@@ -43,6 +43,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from atdp_io.trained_on import TrainedOn
+from atdp_io.trained_on import write_step as write_trained_on
+
 METADATA_ITEM = "metadata"
 _ITEM_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
@@ -172,9 +175,15 @@ class Checkpointer:
         *,
         metadata: Mapping[str, Any] | None = None,
         force: bool = False,
+        trained_on: TrainedOn | None = None,
     ) -> bool:
         """Start writing `items` (nnx Module / Optimizer, or pytrees of arrays, typed PRNG keys
-        included) and JSON `metadata` as `step`. Returns False when the interval skips it."""
+        included) and JSON `metadata` as `step`. Returns False when the interval skips it.
+
+        `trained_on`: the trajectories the saved weights consumed since their parent step; its
+        sidecar (`atdp_io.trained_on`) is written, synchronously, before the step itself, so a
+        step never exists without it; then `trained_on` restarts from this step.
+        """
         if not items:
             raise ValueError("save needs at least one item")
         for name in items:
@@ -197,7 +206,17 @@ class Checkpointer:
             raise ValueError(f"checkpoint metadata must be plain JSON: {error}") from error
         args = {name: ocp.args.StandardSave(_as_tree(value)) for name, value in items.items()}
         args[METADATA_ITEM] = ocp.args.JsonSave(metadata)
-        return self._manager.save(step, args=ocp.args.Composite(**args), force=force)
+        lineage = trained_on is not None and (force or self._manager.should_save(step))
+        if lineage:
+            write_trained_on(self.directory, step, trained_on, process=jax.process_index())
+        saved = self._manager.save(step, args=ocp.args.Composite(**args), force=force)
+        if lineage:
+            trained_on.saved(self.step_path(step))
+        return saved
+
+    def step_path(self, step: int) -> str:
+        """The path (or URL) of step `step`'s directory, as lineage sidecars name it."""
+        return os.fspath(self.directory / str(int(step)))
 
     def wait_until_finished(self) -> None:
         """Block until every started save is on disk (and old steps are pruned)."""

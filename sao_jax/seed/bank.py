@@ -35,6 +35,7 @@ from atdp_io import (
     Trajectory,
     TrajectoryHeader,
 )
+from atdp_io import lineage as lineage_lib
 from sao_jax.seed.analyzers import Skill
 from sao_jax.seed.records import EpisodeRecord
 from sao_jax.seed.templates import TEMPLATE_VERSION, analysis_prompt_ids, skill_block_text
@@ -54,7 +55,13 @@ def skill_trajectory(
     max_actions: int = 12,
     created_at: float | None = None,
 ) -> Trajectory:
-    """The ATDP record of `skill` written about `record` (analysis prompt -> skill tokens)."""
+    """The ATDP record of `skill` written about `record` (analysis prompt -> skill tokens).
+
+    A record read from the store (`record.source`) makes the skill derived data: it names the
+    episode in `derived_from` and takes its governance (`atdp_io.lineage`: the skill expires
+    with the episode and is purged with it), written to partition `tenant`. A record of no
+    stored episode gets synthetic governance.
+    """
     if not skill.text.strip():
         raise ValueError(f"empty skill for episode {record.trajectory_id!r}")
     im_end = tokenizer.token_to_id(IM_END)
@@ -79,11 +86,21 @@ def skill_trajectory(
         action=Action(ActionKind.MESSAGE, text=skill.text),
         llm=call,
     )
+    governance, derived_from = Governance.synthetic(tenant, expires_at=None), ()
+    if record.source is not None:
+        if record.governance is None:
+            raise lineage_lib.LineageError(
+                f"skill of {record.source}: the record has no source governance; write it "
+                "through write_skills, which looks it up"
+            )
+        governance = lineage_lib.derived_governance([record.governance], tenant=tenant)
+        derived_from = (record.source,)
     header = TrajectoryHeader(
         # every number follows a letter: an all-digit run can read as a phone number to the
         # ATDP redactor
         trajectory_id=f"skill-x{uuid.uuid4().hex[:12]}",
-        governance=Governance.synthetic(tenant, expires_at=None),
+        governance=governance,
+        derived_from=derived_from,
         created_at=time.time() if created_at is None else created_at,
         task={
             "source": SOURCE,
@@ -107,13 +124,28 @@ def write_skills(
     *,
     tenant: str = SKILLS_TENANT,
     max_actions: int = 12,
+    skip_purged: bool = False,
 ) -> list[str]:
-    """Append the skills (one per record) to `tenant`; returns their trajectory ids."""
+    """Append the skills (one per record) to `tenant`; returns their trajectory ids.
+
+    Records whose source governance is unknown (decoded from a learner batch) get it from the
+    store. A source no longer stored (purged since it was read) raises
+    `atdp_io.lineage.LineageError`, or with `skip_purged` its skill is not written (what a
+    training loop wants): no skill outlives the episode it was written from.
+    """
     if len(records) != len(skills):
         raise ValueError(f"write_skills: {len(records)} records but {len(skills)} skills")
+    unknown = [r.source for r in records if r.source is not None and r.governance is None]
+    found = lineage_lib.source_governance(store, unknown, missing_ok=skip_purged)
+    pairs = []
+    for record, skill in zip(records, skills, strict=True):
+        if record.source is not None and record.governance is None:
+            if record.source not in found:
+                continue  # purged meanwhile (skip_purged)
+            record = dataclasses.replace(record, governance=found[record.source])
+        pairs.append((record, skill))
     trajectories = [
-        skill_trajectory(r, s, tokenizer, tenant=tenant, max_actions=max_actions)
-        for r, s in zip(records, skills, strict=True)
+        skill_trajectory(r, s, tokenizer, tenant=tenant, max_actions=max_actions) for r, s in pairs
     ]
     if not trajectories:
         return []

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from atdp_io import EventKind, Trajectory
+from atdp_io import EventKind, Governance, SourceRef, Trajectory
+from atdp_io import lineage as lineage_lib
+from atdp_io.trained_on import BATCH_KEY, decode_ref
 from sao_jax.envs.alfworld import parse_reply
 from sao_jax.envs.alfworld.game import TASK_TEMPLATES
 from sao_jax.tokenizers import Tokenizer
@@ -40,6 +42,10 @@ class EpisodeRecord:
       observations: what the agent saw before each action (may be shorter than `actions`).
       success: whether the episode was won.
       game: the game spec (`header.task`: split, index, size, ...) when known.
+      source: the stored trajectory the record was read from (lineage of what is derived from
+        it), None when unknown.
+      governance: that trajectory's effective governance when read from the store (None: a
+        writer of derived data looks it up, `atdp_io.lineage.source_governance`).
     """
 
     trajectory_id: str
@@ -49,6 +55,8 @@ class EpisodeRecord:
     observations: tuple[str, ...]
     success: bool
     game: Mapping | None = None
+    source: SourceRef | None = None
+    governance: Governance | None = None
 
     def __post_init__(self):
         if not self.actions:
@@ -79,6 +87,8 @@ def from_trajectory(trajectory: Trajectory) -> EpisodeRecord:
         observations=observations,
         success=success,
         game=task if "index" in task and "split" in task else None,
+        source=lineage_lib.source_ref(trajectory),
+        governance=lineage_lib.effective_governance(trajectory),
     )
 
 
@@ -95,7 +105,8 @@ def from_batch(
 ) -> dict[int, EpisodeRecord]:
     """Records of the trajectories of a learner batch, keyed by `traj_index`.
 
-    Rows of a trajectory are read in `turn_index` order; each contiguous run of `loss_mask`
+    A loader batch names each slot's trajectory (`trajectory_refs`): the records carry it as
+    their `source`, so skills written from them keep their lineage. Rows of a trajectory are read in `turn_index` order; each contiguous run of `loss_mask`
     tokens is one reply (so windowed and concat rows both work); the task comes from the
     first prompt, success from a positive reward anywhere in the trajectory.
     """
@@ -103,6 +114,7 @@ def from_batch(
     real = np.asarray(batch["segment_ids"]) > 0
     rewards, traj = np.asarray(batch["rewards"]), np.asarray(batch["traj_index"])
     turn = np.asarray(batch["turn_index"])
+    refs = batch.get(BATCH_KEY)
     records: dict[int, EpisodeRecord] = {}
     for k in np.unique(traj[traj >= 0]):
         rows = sorted(np.flatnonzero(traj == k), key=lambda r: turn[r])
@@ -114,13 +126,15 @@ def from_batch(
             context = tokenizer.decode(tokens[r][real[r] & ~mask[r]], skip_special_tokens=True)
             task = task or _first(_TASK, context)
             observations += [m.strip() for m in _OBSERVATION.findall(context)]
+        source = decode_ref(refs[k]) if refs is not None else None
         records[int(k)] = EpisodeRecord(
-            trajectory_id="",
+            trajectory_id=source.trajectory_id if source else "",
             task=task,
             task_type=task_type_of(task),
             actions=tuple(actions),
             observations=tuple(observations),
             success=bool(np.any(rewards[rows] > 0)),
+            source=source,
         )
     return records
 

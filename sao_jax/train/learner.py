@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from atdp_io.trained_on import TrainedOn
 from sao_jax.models import Critic, Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import advantages as adv_lib
@@ -83,6 +84,9 @@ class Learner:
         self.algorithm = get_algorithm(config.algorithm)
         self.placement = Placement(mesh, rules)
         self.counters = LearnerCounters()
+        # What the weights trained on since the last checkpoint (saved next to each step). Set
+        # `trained_on.parent` to the checkpoint step the starting weights came from, if any.
+        self.trained_on = TrainedOn()
         self.model_config = policy.config
         self._policy_optimizer = make_optimizer(config.policy_optimizer)
         self._policy_graphdef, policy_trainable, self._policy_frozen = split_trainable(
@@ -188,6 +192,7 @@ class Learner:
         if warmup:
             self.counters.warmup_iterations += 1
         self.counters.iterations += 1
+        self.trained_on.add_batch(batch, self.counters.policy_version)
         host = {k: float(v) for k, v in fetched.items()}
         host.update(staleness)
         host.update(
@@ -449,13 +454,15 @@ class Learner:
     ) -> bool:
         """Save the learner (plus the caller's `items` / `metadata`) as `step` of a Checkpointer.
 
-        The learner's counters go to `metadata["learner"]`.
+        The learner's counters go to `metadata["learner"]`, the trajectories trained on since
+        the previous save to the step's lineage sidecar (`atdp_io.trained_on`).
         """
         return checkpointer.save(
             step,
             {**self.checkpoint_items(), **(items or {})},
             metadata={"learner": self.checkpoint_metadata(), **(metadata or {})},
             force=force,
+            trained_on=self.trained_on,
         )
 
     def restore(
@@ -492,6 +499,7 @@ class Learner:
         counters = restored.metadata.get("learner", {})
         fields = {f.name for f in dataclasses.fields(LearnerCounters)}
         self.counters = LearnerCounters(**{k: int(v) for k, v in counters.items() if k in fields})
+        self.trained_on = TrainedOn(parent=checkpointer.step_path(restored.step))
         return restored
 
 

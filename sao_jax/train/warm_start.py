@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from atdp_io.trained_on import TrainedOn
 from sao_jax.models import Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import objectives
@@ -78,6 +79,10 @@ class BehaviourCloner:
         )
         self.steps = 0
         self.skipped_steps = 0
+        # The trajectories cloned on since the last checkpoint (`Checkpointer.save(...,
+        # trained_on=cloner.trained_on)` writes them next to the step; a caller may share one
+        # `TrainedOn` between the phases that train one policy).
+        self.trained_on = TrainedOn()
 
     def policy_module(self) -> Transformer:
         """The cloned policy (its arrays; this cloner must not step afterwards)."""
@@ -99,6 +104,7 @@ class BehaviourCloner:
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         self.skipped_steps += int(metrics["skipped"])
         self.steps += 1 - int(metrics["skipped"])
+        self.trained_on.add_batch(batch)
         return metrics
 
     def evaluate(self, batches: Iterable[Mapping[str, np.ndarray]]) -> dict[str, float]:

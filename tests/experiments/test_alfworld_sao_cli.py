@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from atdp_io import trained_on
 from experiments import alfworld_sao, compare_algos
 from sao_jax.metrics import read_metrics
 
@@ -57,6 +58,12 @@ def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
     assert (out / "config.yaml").is_file()
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit())
     assert (out / "atdp" / "tenants" / "rollouts").is_dir()
+    # lineage: the last checkpoint chains back to the warm start and names what it trained on
+    latest = max(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    chain = trained_on.chain(out / "checkpoints" / str(latest))
+    assert chain[-1].path == str(out / "warm_start" / "0") and chain[-1].parent is None
+    tenants = {ref.tenant for ref in trained_on.trained_on(out / "checkpoints" / str(latest))}
+    assert {"demos", "rollouts"} <= tenants
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import functools
 import numpy as np
 import pytest
 
-from atdp_io import AtdpStore, EventKind
+from atdp_io import AtdpStore, EventKind, GovernanceUpdate, SourceRef
 from experiments.alfworld_warm_start import (
     batches_per_epoch,
     heldout_games,
@@ -119,3 +119,20 @@ def test_held_out_games_are_the_last_of_the_train_split_and_never_demonstrated()
     assert not set(train) & set(held) and len(train) + len(held) == SPLITS["train"]
     with pytest.raises(ValueError, match="heldout_episodes"):
         heldout_games(SPLITS["train"])
+
+
+def test_relabelled_episodes_are_derived_data_of_the_episode(demos):
+    demo = dataclasses.replace(
+        demos[0],
+        annotations=(GovernanceUpdate(demos[0].trajectory_id, 1.0, "retention", expires_at=123.0),),
+    )
+    relabelled = relabel_with_expert(
+        demo, tokenizer(), think=False, max_new_tokens=12, tenant="relabelled"
+    )
+    assert relabelled.header.derived_from == (SourceRef("demos", demo.trajectory_id),)
+    governance = relabelled.header.governance
+    assert governance.tenant == "relabelled"
+    assert governance.expires_at == 123.0  # the episode's retention as updated, not as written
+    assert dataclasses.replace(governance, tenant="demos", expires_at=None) == dataclasses.replace(
+        demo.header.governance, expires_at=None
+    )

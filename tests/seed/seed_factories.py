@@ -39,8 +39,9 @@ def demo_store(path, num_episodes: int = 4) -> AtdpStore:
     return store
 
 
-def demo_trajectories(store: AtdpStore):
-    reader = store.reader(DEMOS, principal=DEMOS)
+def demo_trajectories(store: AtdpStore, *, purpose: str = "training"):
+    """The demo episodes a reader for `purpose` may read (training: eligible ones only)."""
+    reader = store.reader(DEMOS, principal=DEMOS, purpose=purpose)
     reader.refresh()
     return [reader.read(i) for i in reader.trajectory_ids()]
 
