@@ -24,48 +24,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from atdp_io import codec, schema
+from atdp_io import secret_catalogue as catalogue
 from atdp_io.schema import RedactionStatus
 
-_BUILTIN_PATTERNS: dict[str, str] = {
-    "bearer_token": r"\b(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}",
-    "jwt": r"\beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}",
-    "api_key": (
-        r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}"
-        r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|hf_[A-Za-z0-9]{30,})"
-    ),
-    "secret_assignment": (
-        r"\b(?i:api[_-]?key|secret|access[_-]?token|auth[_-]?token|password|passwd)"
-        r"\s*[:=]\s*['\"]?[^\s'\",;]{6,}"
-    ),
-    "email": r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
-    "credit_card": r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])",
-    "phone": (
-        r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)[\s.-]?|\d{2,4}[\s.-])\d{3,4}[\s.-]?\d{3,4}"
-        r"(?!\w)"
-    ),
-}
-
+_BUILTIN = catalogue.by_name()
 
 # Necessary conditions for the built-in detectors, checked with C-speed substring tests before
-# any regex runs: a literal every match contains (case-sensitive or lower-cased), or a run of
-# digits and separators (phone numbers: >= 9 characters starting with a digit, "(" or "+";
-# card numbers: >= 13 digits).
-_TRIGGERS = (
-    "@",
-    "eyJ",
-    "sk-",
-    "AKIA",
-    "ghp_",
-    "gho_",
-    "ghu_",
-    "ghs_",
-    "ghr_",
-    "xox",
-    "AIza",
-    "hf_",
-)
-_LOWER_TRIGGERS = ("bearer", "api", "secret", "token", "passw")
-_DIGIT_RUN = re.compile(r"[\d(+][\d\s().+-]{8,}")
+# any regex runs (see `atdp_io.secret_catalogue`): a literal every match contains (case-sensitive
+# or lower-cased), or a shape the `shaped` detectors' matches have (digit runs, an IBAN's head).
+_TRIGGERS = tuple(dict.fromkeys(t for d in catalogue.CATALOGUE for t in d.triggers))
+_LOWER_TRIGGERS = tuple(dict.fromkeys(t for d in catalogue.CATALOGUE for t in d.lower_triggers))
 
 
 def _builtin_might_match(text: str) -> bool:
@@ -76,23 +44,19 @@ def _builtin_might_match(text: str) -> bool:
     for trigger in _LOWER_TRIGGERS:
         if trigger in lowered:
             return True
-    return _DIGIT_RUN.search(text) is not None
+    return catalogue.SHAPE.search(text) is not None
+
+
+def _might_hold_secret_key(text: str) -> bool:
+    """False only when no string in `text` can be a secret-like mapping key."""
+    lowered = text.lower()
+    return any(trigger in lowered for trigger in catalogue.SECRET_KEY_TRIGGERS)
 
 
 class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, char in enumerate(reversed(digits)):
-        d = int(char)
-        if i % 2 == 1:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
 
 
 @dataclasses.dataclass
@@ -124,14 +88,14 @@ class Redactor:
         tokenizer: Tokenizer | None = None,
         disable: tuple[str, ...] = (),
     ):
-        unknown = set(disable) - set(_BUILTIN_PATTERNS)
+        unknown = set(disable) - set(_BUILTIN)
         if unknown:
             raise ValueError(f"Redactor.disable: unknown detectors {sorted(unknown)}")
-        patterns = {k: v for k, v in _BUILTIN_PATTERNS.items() if k not in disable}
+        patterns = {d.name: d.pattern for d in catalogue.CATALOGUE if d.name not in disable}
         for name, pattern in (extra_patterns or {}).items():
             if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
                 raise ValueError(f"Redactor.extra_patterns: bad detector name {name!r}")
-            if name in patterns:
+            if name in _BUILTIN:
                 raise ValueError(f"Redactor.extra_patterns: {name!r} shadows a built-in detector")
             try:
                 # Compiled as a group of the combined pattern: global flags must be scoped.
@@ -141,6 +105,15 @@ class Redactor:
             patterns[name] = pattern
         # One alternation, so a string is scanned once; earlier detectors win on overlaps.
         self._regex = re.compile("|".join(f"(?P<{n}>{p})" for n, p in patterns.items()))
+        self._validators = {
+            d.name: d.validate for d in catalogue.CATALOGUE if d.validate and d.name in patterns
+        }
+        self._value_groups = {
+            d.name: d.value_group
+            for d in catalogue.CATALOGUE
+            if d.value_group and d.name in patterns
+        }
+        self._secret_keys = "secret_assignment" in patterns
         # User patterns have no cheap necessary condition: with any, every text is scanned.
         self._custom = bool(extra_patterns)
         self._tokenizer = tokenizer
@@ -150,24 +123,52 @@ class Redactor:
 
         def replace(match: re.Match) -> str:
             name = match.lastgroup
-            if name == "credit_card" and not _luhn_ok(re.sub(r"\D", "", match.group())):
+            group = self._value_groups.get(name)
+            validate = self._validators.get(name)
+            if validate is not None and not validate(match.group(group or 0)):
                 return match.group()
             report.findings[name] += 1
-            return f"[REDACTED:{name}]"
+            if group is None:
+                return f"[REDACTED:{name}]"
+            # Only the secret goes; its context (`password=`, `"SecretAccessKey": "`) stays.
+            start, end = match.span(group)
+            whole = match.group()
+            offset = match.start()
+            return f"{whole[: start - offset]}[REDACTED:{name}]{whole[end - offset :]}"
 
         return self._regex.sub(replace, text)
 
     def redact_json(self, value: Any, report: RedactionReport) -> Any:
-        """Redacts every string inside a JSON value (keys included)."""
+        """Redacts every string inside a JSON value (keys included).
+
+        A string stored under a secret-like key (`{"password": ...}`, `"client_secret"`) is a
+        secret whatever it looks like, and is replaced whole.
+        """
         if isinstance(value, str):
             return self.redact_text(value, report)
         if isinstance(value, Mapping):
             return {
-                self.redact_text(k, report): self.redact_json(v, report) for k, v in value.items()
+                self.redact_text(k, report): self._redact_item(k, v, report)
+                for k, v in value.items()
             }
         if isinstance(value, (list, tuple)):
             return [self.redact_json(v, report) for v in value]
         return value
+
+    def _redact_item(self, key: Any, value: Any, report: RedactionReport) -> Any:
+        if self._is_secret_item(key, value):
+            report.findings["secret_assignment"] += 1
+            return "[REDACTED:secret_assignment]"
+        return self.redact_json(value, report)
+
+    def _is_secret_item(self, key: Any, value: Any) -> bool:
+        return (
+            self._secret_keys
+            and isinstance(value, str)
+            and bool(value)
+            and isinstance(key, str)
+            and catalogue.is_secret_key(key)
+        )
 
     def redact_header(self, header: schema.TrajectoryHeader) -> schema.TrajectoryHeader:
         """Redacts a header; a trajectory id must be opaque, so a finding in it is an error."""
@@ -179,7 +180,10 @@ class Redactor:
                 "use an opaque id"
             )
         redacted = _map_strings(
-            header, lambda s: self.redact_text(s, report), skip=("tenant", "trajectory_id")
+            header,
+            self._string_fn(report),
+            skip=("tenant", "trajectory_id"),
+            items=self._items(report),
         )
         governance = dataclasses.replace(redacted.governance, redaction=report.status)
         return dataclasses.replace(redacted, governance=governance)
@@ -203,7 +207,8 @@ class Redactor:
         report = RedactionReport(tokens_scanned=event.llm is None or self._tokenizer is not None)
         strings: list[str] = []
         payload = codec.to_json_unchecked(event, strings)
-        if self.might_match("\x00".join(strings)):
+        joined = "\x00".join(strings)
+        if self.might_match(joined) or (self._secret_keys and _might_hold_secret_key(joined)):
             payload = self.redact_json(payload, report)
         llm = event.llm
         if llm is not None and self._tokenizer is not None:
@@ -223,19 +228,35 @@ class Redactor:
 
     def redact_annotation(self, note: schema.Annotation) -> schema.Annotation:
         report = RedactionReport()
-        return _map_strings(note, lambda s: self.redact_text(s, report), skip=("trajectory_id",))
+        return _map_strings(
+            note, self._string_fn(report), skip=("trajectory_id",), items=self._items(report)
+        )
+
+    def _string_fn(self, report: RedactionReport) -> Callable[[str], str]:
+        return lambda text: self.redact_text(text, report)
+
+    def _items(self, report: RedactionReport) -> Callable[[Any, Any], Any]:
+        """The mapping-item hook of `_map_strings`: secret-like keys, else `_NOT_SECRET`."""
+
+        def item(key: Any, value: Any) -> Any:
+            if self._is_secret_item(key, value):
+                report.findings["secret_assignment"] += 1
+                return "[REDACTED:secret_assignment]"
+            return _NOT_SECRET
+
+        return item
 
     def _redact_tokens(self, llm: schema.LLMCall, report: RedactionReport) -> schema.LLMCall:
         tokenizer = self._tokenizer
         changes: dict[str, Any] = {}
         before = sum(report.findings.values())
         text = tokenizer.decode(llm.input_ids.tolist())
-        cleaned = self.redact_text(text, report)
+        cleaned = self.redact_text(text, report) if self.might_match(text) else text
         if sum(report.findings.values()) > before:
             changes["input_ids"] = np.asarray(tokenizer.encode(cleaned), np.int32)
         before = sum(report.findings.values())
         text = tokenizer.decode(llm.output_ids.tolist())
-        cleaned = self.redact_text(text, report)
+        cleaned = self.redact_text(text, report) if self.might_match(text) else text
         if sum(report.findings.values()) > before:
             ids = np.asarray(tokenizer.encode(cleaned), np.int32)
             n = ids.shape[0]
@@ -250,8 +271,20 @@ class Redactor:
         return dataclasses.replace(llm, **changes) if changes else llm
 
 
-def _map_strings(record: Any, fn: Callable[[str], str], skip: tuple[str, ...] = ()) -> Any:
-    """Applies `fn` to every string reachable from a schema record, except fields in `skip`."""
+_NOT_SECRET = object()
+
+
+def _map_strings(
+    record: Any,
+    fn: Callable[[str], str],
+    skip: tuple[str, ...] = (),
+    items: Callable[[Any, Any], Any] | None = None,
+) -> Any:
+    """Applies `fn` to every string reachable from a schema record, except fields in `skip`.
+
+    `items(key, value)` sees each mapping item first; unless it returns `_NOT_SECRET`, its
+    result replaces the value.
+    """
     if isinstance(record, (StrEnum, bool, int, float, np.ndarray)) or record is None:
         return record  # StrEnum first: enum members are str instances but never free text
     if isinstance(record, str):
@@ -262,15 +295,19 @@ def _map_strings(record: Any, fn: Callable[[str], str], skip: tuple[str, ...] = 
             if field.name in skip:
                 continue
             value = getattr(record, field.name)
-            new = _map_strings(value, fn, skip)
+            new = _map_strings(value, fn, skip, items)
             if new is not value:
                 changes[field.name] = new
         return dataclasses.replace(record, **changes) if changes else record
     if isinstance(record, Mapping):
-        return {
-            fn(k) if isinstance(k, str) else k: _map_strings(v, fn, skip) for k, v in record.items()
-        }
+        mapped = {}
+        for key, value in record.items():
+            new = _NOT_SECRET if items is None else items(key, value)
+            if new is _NOT_SECRET:
+                new = _map_strings(value, fn, skip, items)
+            mapped[fn(key) if isinstance(key, str) else key] = new
+        return mapped
     if isinstance(record, (list, tuple)):
-        mapped = [_map_strings(v, fn, skip) for v in record]
+        mapped = [_map_strings(v, fn, skip, items) for v in record]
         return tuple(mapped) if isinstance(record, tuple) else mapped
     return record

@@ -43,7 +43,8 @@ def test_each_detector_replaces_its_secret(detector, secret):
     report = RedactionReport()
     out = Redactor().redact_text(f"before {secret} after", report)
     assert secret not in out
-    assert out.startswith("before [REDACTED:") and out.endswith(" after")
+    assert f"[REDACTED:{detector}]" in out
+    assert out.startswith("before ") and out.endswith(" after")
     assert sum(report.findings.values()) >= 1
 
 
