@@ -29,22 +29,31 @@ from atdp_io.schema import RedactionStatus
 
 _BUILTIN = catalogue.by_name()
 
-# Necessary conditions for the built-in detectors, checked with C-speed substring tests before
-# any regex runs (see `atdp_io.secret_catalogue`): a literal every match contains (case-sensitive
-# or lower-cased), or a shape the `shaped` detectors' matches have (digit runs, an IBAN's head).
-_TRIGGERS = tuple(dict.fromkeys(t for d in catalogue.CATALOGUE for t in d.triggers))
-_LOWER_TRIGGERS = tuple(dict.fromkeys(t for d in catalogue.CATALOGUE for t in d.lower_triggers))
+
+def _minimal(literals) -> tuple[str, ...]:
+    """`literals` lower-cased, without any that holds another (that one is then necessary)."""
+    lowered = set(map(str.lower, literals))
+    return tuple(sorted(t for t in lowered if not any(o != t and o in t for o in lowered)))
+
+
+# Necessary conditions for the built-in detectors (see `atdp_io.secret_catalogue`), checked
+# before any regex runs: one C-speed substring test per literal on the lower-cased text (every
+# match holds one of its detector's literals, and a lower-cased literal is a weaker, still
+# necessary, condition), then the shapes of the numeric detectors. Clean text, the common case,
+# pays one lower() and these tests. Includes the literals of secret-like mapping keys.
+_LITERALS = _minimal(
+    [t for d in catalogue.CATALOGUE for t in (*d.triggers, *d.lower_triggers)]
+    + list(catalogue.SECRET_KEY_TRIGGERS)
+)
+_DIGIT_RUN, _IBAN_HEAD = catalogue.SHAPES
 
 
 def _builtin_might_match(text: str) -> bool:
-    for trigger in _TRIGGERS:
-        if trigger in text:
-            return True
     lowered = text.lower()
-    for trigger in _LOWER_TRIGGERS:
-        if trigger in lowered:
+    for literal in _LITERALS:
+        if literal in lowered:
             return True
-    return catalogue.SHAPE.search(text) is not None
+    return _DIGIT_RUN.search(text) is not None or _IBAN_HEAD.search(text) is not None
 
 
 def _might_hold_secret_key(text: str) -> bool:
@@ -207,8 +216,7 @@ class Redactor:
         report = RedactionReport(tokens_scanned=event.llm is None or self._tokenizer is not None)
         strings: list[str] = []
         payload = codec.to_json_unchecked(event, strings)
-        joined = "\x00".join(strings)
-        if self.might_match(joined) or (self._secret_keys and _might_hold_secret_key(joined)):
+        if self._needs_exact_pass("\x00".join(strings)):
             payload = self.redact_json(payload, report)
         llm = event.llm
         if llm is not None and self._tokenizer is not None:
@@ -225,6 +233,15 @@ class Redactor:
         if not (self._custom or _builtin_might_match(text)):
             return False
         return self._regex.search(text) is not None
+
+    def _needs_exact_pass(self, joined: str) -> bool:
+        """Whether the strings of a record (NUL-joined) need the per-string pass of
+        `redact_json`: a detector may match, or a string may be a secret-like key."""
+        if not (self._custom or _builtin_might_match(joined)):
+            return False
+        if self._regex.search(joined) is not None:
+            return True
+        return self._secret_keys and _might_hold_secret_key(joined)
 
     def redact_annotation(self, note: schema.Annotation) -> schema.Annotation:
         report = RedactionReport()

@@ -249,13 +249,20 @@ _VALUE = _ALNUM + "!#$%&*+./?^_~-"  # what a password may hold in `key=value` fo
 
 
 def _chars(alphabet: str, size: int, max_size: int | None = None):
-    return st.text(alphabet, min_size=size, max_size=size if max_size is None else max_size)
+    """Random text as secrets are: high entropy (>= 6 distinct characters), so a core cannot
+    turn up by chance elsewhere in the store's bytes (`00000000` does, in zarr metadata)."""
+    text = st.text(alphabet, min_size=size, max_size=size if max_size is None else max_size)
+    return text.filter(lambda t: len(set(t)) >= min(6, len(t)))
+
+
+def _random_bytes(min_size: int, max_size: int):
+    return st.binary(min_size=min_size, max_size=max_size).filter(lambda b: len(set(b)) >= 6)
 
 
 @st.composite
 def private_keys(draw) -> Planted:
     label = draw(st.sampled_from(["RSA ", "EC ", "DSA ", "OPENSSH ", "", "ENCRYPTED "]))
-    body = base64.b64encode(draw(st.binary(min_size=48, max_size=400))).decode()
+    body = base64.b64encode(draw(_random_bytes(48, 400))).decode()
     lines = [body[i : i + 64] for i in range(0, len(body), 64)]
     newline = draw(st.sampled_from(["\n", "\r\n", "\\n"]))
     text = pem(f"{label}PRIVATE KEY", newline, lines, end=draw(st.booleans()))
@@ -330,7 +337,11 @@ def cards(draw) -> Planted:
 
 def _token(kind: str, template: str, core, *parts) -> st.SearchStrategy[Planted]:
     """A fixed-form secret `template.format(core, *parts)` whose core is drawn."""
-    return st.builds(lambda c, *p: Planted(kind, template.format(c, *p), (c,)), core, *parts)
+
+    def planted(core: str, *parts: str) -> Planted:
+        return Planted(kind, template.format(core, *parts), (core,))
+
+    return st.builds(planted, core, *parts)
 
 
 SECRETS = st.one_of(
@@ -357,7 +368,7 @@ SECRETS = st.one_of(
     _token(
         "basic_auth",
         "Authorization: Basic {}",
-        st.binary(min_size=8, max_size=30).map(lambda b: base64.b64encode(b).decode()),
+        _random_bytes(8, 30).map(lambda b: base64.b64encode(b).decode()),
     ),
     _token("jwt", "eyJhbGciOiJIUzI1NiJ9.eyJ{}.{}", _chars(_ALNUM, 10, 30), _chars(_ALNUM, 8, 20)),
     st.from_regex(r"[a-z][a-z0-9._]{2,12}[a-z0-9]@example\.com", fullmatch=True).map(

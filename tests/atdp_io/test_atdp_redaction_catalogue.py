@@ -141,7 +141,7 @@ def test_secret_key_names(key, secret):
 
 def test_iban_rules():
     assert iban_ok("DE89370400440532013000")
-    assert iban_ok("de89 3704 0044 0532 0130 00")  # case and spacing do not matter
+    assert iban_ok("DE89 3704 0044 0532 0130 00")  # spacing does not matter
     assert not iban_ok("DE89370400440532013001")  # checksum
     assert not iban_ok("DE8937040044053201300")  # length for DE
     assert not iban_ok("XX89370400440532013000")  # country
