@@ -1,9 +1,12 @@
 """Redaction that runs before a record touches disk.
 
-The writer passes every header, event and annotation through a `Redactor`. Built-in detectors:
-e-mail addresses, phone numbers, credit-card numbers (Luhn-checked), API keys of common providers,
-bearer tokens, JWTs and `key=value` secrets; callers add their own patterns by name. Every JSON
-string (observation, hidden state, action text, tool arguments and results, metadata) is scanned.
+The writer passes every header, event and annotation through a `Redactor`. Built-in detectors
+are the catalogue of `atdp_io.secret_catalogue`: credentials (PEM private keys, AWS secret keys,
+provider API keys, Stripe keys, webhook URLs, passwords in URLs, bearer / basic auth, JWTs,
+`key=value` secrets) and personal data (e-mail, phone, payment cards, IBANs, US SSNs); callers
+add their own patterns by name. Every JSON string (observation, hidden state, action text, tool
+arguments and results, metadata) is scanned, keys included, and a string under a secret-like key
+(`{"password": ...}`) is replaced whole.
 
 Token ids carry the same text as the prompt, so a redactor built with a `tokenizer`
 (`encode(text) -> list[int]`, `decode(ids) -> str`) also scans LLM token streams: an input with a

@@ -142,6 +142,14 @@ CASES = [
         '"type": "service_account"',
     ),
     (
+        "secret_assignment",
+        "azure_connection_string",
+        "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=q8Zk1W+Yt0/pa3Rn==;"
+        "EndpointSuffix=core.windows.net",
+        ["q8Zk1W+Yt0/pa3Rn=="],
+        "DefaultEndpointsProtocol=https;AccountName=acme;EndpointSuffix=core.windows.net",
+    ),
+    (
         "url_credentials",
         "postgres",
         "postgres://app:S3cretPw77@db.internal:5432/prod",

@@ -6,7 +6,7 @@ import pathlib
 import re
 
 import pytest
-from atdp_factories import tool_event
+from atdp_factories import ByteTokenizer, llm_event, tool_event
 from atdp_secrets import CASES, SECRETS, Planted
 from hypothesis import given, settings
 
@@ -38,6 +38,21 @@ def test_positive_case_is_redacted_and_context_kept(kind, text, cores):
     assert f"[REDACTED:{kind}]" in out
     assert report.findings[kind] >= 1
     assert out.startswith("note: ") and out.endswith(" -- end")
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "cores"), [pytest.param(k, t, c, id=f"{k}-{n}") for k, n, t, c, _ in CASES]
+)
+def test_positive_case_is_redacted_in_token_streams(kind, text, cores):
+    tok = ByteTokenizer()
+    event = llm_event(tok.encode(f"<|user|>{text}<|assistant|>"), tok.encode(f"ok: {text}"))
+    redacted, report = Redactor(tokenizer=tok).redact_event(event)
+    prompt, output = tok.decode(redacted.llm.input_ids), tok.decode(redacted.llm.output_ids)
+    for core in cores:
+        assert core not in prompt and core not in output
+    assert f"[REDACTED:{kind}]" in prompt and f"[REDACTED:{kind}]" in output
+    assert report.findings[kind] >= 2
+    assert not redacted.llm.loss_mask.any()  # rewritten output tokens are never trained on
 
 
 @pytest.mark.parametrize(
