@@ -96,11 +96,13 @@ def _iban_pattern() -> str:
     by_length: dict[int, list[str]] = {}
     for country, length in IBAN_LENGTHS.items():
         by_length.setdefault(length - 4, []).append(country)
-    alternatives = "|".join(
-        f"(?:{'|'.join(countries)})\\d\\d(?: ?[A-Z0-9]){{{bban}}}"
+    # Opens with two capitals, so `re` skips ahead in C; look-behinds then check that nothing
+    # alphanumeric precedes them and pick the BBAN length from the country.
+    lengths = "|".join(
+        f"(?<=(?:{'|'.join(countries)})\\d\\d)(?: ?[A-Z0-9]){{{bban}}}"
         for bban, countries in sorted(by_length.items(), reverse=True)
     )
-    return f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])"
+    return f"[A-Z][A-Z](?<![A-Za-z0-9][A-Z][A-Z])\\d\\d(?:{lengths})(?![A-Za-z0-9])"
 
 
 # Key names (lower-cased, separators dropped) whose string value is a secret, whatever it
@@ -123,9 +125,13 @@ def is_secret_key(key: str) -> bool:
     return SECRET_KEY.fullmatch(_KEY_SEPARATORS.sub("", key).lower()) is not None
 
 
+# Secret-like names in `name=value` text. Each alternative opens with a case-insensitive letter
+# class and only then switches to (?i:...): `re` skips ahead in C on a class, not on (?i:...),
+# which makes this 3x faster on prose than one case-insensitive alternation.
 _KEYWORDS = (
-    r"api[_-]?key|secret|password|passwd|passphrase|access[_-]?token|auth[_-]?token|"
-    r"refresh[_-]?token|session[_-]?token|private[_-]?key|access[_-]?key|account[_-]?key"
+    r"(?:[Aa](?i:pi[_-]?key|ccess[_-]?(?:token|key)|uth[_-]?token|ccount[_-]?key)"
+    r"|[Ss](?i:ecret|ession[_-]?token)|[Pp](?i:ass(?:w(?:or)?d|phrase)|rivate[_-]?key)"
+    r"|[Rr](?i:efresh[_-]?token))"
 )
 _PEM_LABEL = r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
 _PEM_END = r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
@@ -167,7 +173,7 @@ CATALOGUE: tuple[Detector, ...] = (
         "aws_secret_key",
         # 40 base64 characters, bounded, next to an aws / secret context of letters only (a
         # context that can hold no other finding: it is kept in the text).
-        rf"(?i:aws|secret)[A-Za-z_ -]{{0,30}}?(?:\\?[\"'])?\s*[:=]?\s*(?:\\?[\"'])?(?<![A-Za-z0-9/+])"
+        rf"(?:[Aa](?i:ws)|[Ss](?i:ecret))[A-Za-z_ -]{{0,30}}?(?:\\?[\"'])?\s*[:=]?\s*(?:\\?[\"'])?(?<![A-Za-z0-9/+])"
         rf"(?![0-9a-fA-F]{{40}}(?![A-Za-z0-9/+=]))"
         rf"(?P<{VALUE_GROUP_PREFIX}aws_secret_key>[A-Za-z0-9/+]{{40}})(?![A-Za-z0-9/+=])",
         "AWS secret access keys: 40 base64 characters (not all hex, so no git SHA) within 30 "
@@ -207,13 +213,13 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "bearer_token",
-        r"\b(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}",
+        r"[Bb](?<!\w[Bb])(?i:earer)\s+[A-Za-z0-9._~+/=-]{8,}",
         "`Bearer <token>` (HTTP authorization)",
         lower_triggers=("bearer",),
     ),
     Detector(
         "basic_auth",
-        rf"(?i:authorization)[\"']?\s*[:=]\s*[\"']?(?i:basic)\s+"
+        rf"[Aa](?i:uthorization)[\"']?\s*[:=]\s*[\"']?(?i:basic)\s+"
         rf"(?P<{VALUE_GROUP_PREFIX}basic_auth>[A-Za-z0-9+/]{{8,}}={{0,2}})",
         "`Authorization: Basic <base64>` (the base64 `user:password`)",
         lower_triggers=("authorization",),
@@ -226,7 +232,7 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "secret_assignment",
-        rf"(?i:{_KEYWORDS})[\w.-]*(?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?(?!-----)"
+        rf"{_KEYWORDS}[\w.-]*(?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?(?!-----)"
         rf"(?P<{VALUE_GROUP_PREFIX}secret_assignment>[^\s'\",;\\]{{6,}})",
         "the value (6+ characters) after a secret-like name and `:` or `=` (`password=`, "
         '`"client_secret": "`, escaped quotes inside JSON strings); in JSON objects every '
@@ -258,9 +264,11 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "ssn",
-        r"(?<![\d-])(?!000|666|9\d\d)\d{3}(?P<_ssn_sep>[- ])(?!00)\d{2}(?P=_ssn_sep)(?!0000)"
-        r"\d{4}(?![\d-])"
-        r"|(?i:\bssn|social\s+security(?:\s+(?:number|no\.?))?)\s*(?:#|:|=|is)?\s*"
+        # Opens with a digit (fast skipping in `re`); the look-behinds then check what precedes
+        # the number and the area (never 000, 666 or 9xx).
+        r"[0-8](?<![\d-][0-8])\d\d(?<!000)(?<!666)(?P<_ssn_sep>[- ])(?!00)\d\d(?P=_ssn_sep)"
+        r"(?!0000)\d{4}(?![\d-])"
+        r"|[Ss](?<![A-Za-z0-9][Ss])(?i:sn|ocial\s+security(?:\s+(?:number|no\.?))?)\s*(?:#|:|=|is)?\s*"
         r"(?!000|666|9\d\d)\d{3}(?!00)\d{2}(?!0000)\d{4}\b",
         "US social security numbers `AAA-GG-SSSS` (or spaces; 9 bare digits after `SSN` / "
         "`social security`), never area 000, 666 or 9xx, group 00 or serial 0000",
@@ -268,7 +276,7 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "credit_card",
-        r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])",
+        r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])",
         "payment-card numbers: 13-19 digits (spaces or dashes between), Luhn checked",
         shaped=True,
         validate=_card_ok,
