@@ -1,16 +1,17 @@
 """The redaction catalogue: every detector kind with a positive case and a near miss, the
 pre-filter that keeps clean text cheap, and the docs table kept in step with the code."""
 
+import dataclasses
 import json
 import pathlib
 import re
 
 import pytest
-from atdp_factories import ByteTokenizer, llm_event, tool_event
+from atdp_factories import ByteTokenizer, agent_trajectory, llm_event, tool_event
 from atdp_secrets import CASES, SECRETS, Planted
 from hypothesis import given, settings
 
-from atdp_io import Redactor, ToolCall
+from atdp_io import RedactionStatus, Redactor, ToolCall
 from atdp_io.redaction import RedactionReport, _builtin_might_match
 from atdp_io.secret_catalogue import CATALOGUE, IBAN_LENGTHS, iban_ok, is_secret_key
 
@@ -180,3 +181,12 @@ def _documented_kinds() -> list[str]:
 
 def test_docs_table_lists_every_detector_in_order():
     assert _documented_kinds() == [d.name for d in CATALOGUE]
+
+
+def test_secret_keys_in_headers_are_redacted_too():
+    traj = agent_trajectory("t-key")
+    header = dataclasses.replace(traj.header, task={"env": "web", "login": {"password": "pw1"}})
+    redacted = Redactor().redact_header(header)
+    assert redacted.task == {"env": "web", "login": {"password": "[REDACTED:secret_assignment]"}}
+    assert redacted.governance.redaction == RedactionStatus.REDACTED
+    assert Redactor().redact_header(traj.header).governance.redaction == RedactionStatus.CLEAN
