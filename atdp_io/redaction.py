@@ -137,10 +137,16 @@ class Redactor:
             name = match.lastgroup
             group = self._value_groups.get(name)
             validate = self._validators.get(name)
-            if validate is not None and not validate(match.group(group or 0)):
-                return match.group()
+            found = -1  # the whole match
+            if validate is not None:
+                found = validate(match.group(group or 0))
+                if not found:
+                    return match.group()
             report.findings[name] += 1
             if group is None:
+                whole = match.group()
+                if 0 < found < len(whole):  # the finding is a prefix: the rest may hold others
+                    return f"[REDACTED:{name}]{self.redact_text(whole[found:], report)}"
                 return f"[REDACTED:{name}]"
             # Only the secret goes; its context (`password=`, `"SecretAccessKey": "`) stays.
             start, end = match.span(group)

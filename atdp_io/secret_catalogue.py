@@ -33,7 +33,9 @@ class Detector:
       lower_triggers: literals one of which every lower-cased match contains.
       shaped: every match contains a run one of the shape pre-filters (`SHAPES`) finds, instead
         of a literal.
-      validate: called with the replaced text; False leaves the match as it was.
+      validate: called with the replaced text, returns how many of its leading characters are
+        the finding: 0 leaves the match as it was; fewer than all (whole-match detectors only)
+        replaces that prefix and scans the rest again.
     """
 
     name: str
@@ -42,7 +44,7 @@ class Detector:
     triggers: tuple[str, ...] = ()
     lower_triggers: tuple[str, ...] = ()
     shaped: bool = False
-    validate: Callable[[str], bool] | None = None
+    validate: Callable[[str], int] | None = None
 
     @property
     def value_group(self) -> str | None:
@@ -61,8 +63,16 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _card_ok(text: str) -> bool:
-    return luhn_ok(re.sub(r"\D", "", text))
+def card_prefix(text: str) -> int:
+    """The longest prefix of a digit-group run that is a card number (13-19 digits, Luhn), as a
+    length (0: none). Tried at group boundaries only, so a card followed by more digits
+    (`4111 1111 1111 1111 12`) is still found while a near miss stays whole."""
+    ends = [m.end() for m in re.finditer(r"\d+", text)]
+    for end in reversed(ends):
+        digits = re.sub(r"\D", "", text[:end])
+        if 13 <= len(digits) <= 19 and luhn_ok(digits):
+            return end
+    return 0
 
 
 # Total IBAN length per country, from the SWIFT IBAN registry (ISO 13616).
@@ -89,6 +99,10 @@ def iban_mod97(compact: str) -> int:
 def iban_ok(text: str) -> bool:
     compact = re.sub(r"\s", "", text).upper()
     return IBAN_LENGTHS.get(compact[:2]) == len(compact) and iban_mod97(compact) == 1
+
+
+def _iban_found(text: str) -> int:
+    return len(text) if iban_ok(text) else 0
 
 
 def _iban_pattern() -> str:
@@ -260,7 +274,7 @@ CATALOGUE: tuple[Detector, ...] = (
         "IBANs (ISO 13616), upper case as printed: a registry country code, 2 check digits and "
         "exactly that country's length, with or without spaces, mod-97 checked",
         shaped=True,
-        validate=iban_ok,
+        validate=_iban_found,
     ),
     Detector(
         "ssn",
@@ -277,9 +291,10 @@ CATALOGUE: tuple[Detector, ...] = (
     Detector(
         "credit_card",
         r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])",
-        "payment-card numbers: 13-19 digits (spaces or dashes between), Luhn checked",
+        "payment-card numbers: 13-19 digits (spaces or dashes between), Luhn checked; a run of "
+        "digit groups is tried at each group boundary, longest first",
         shaped=True,
-        validate=_card_ok,
+        validate=card_prefix,
     ),
     Detector(
         "phone",

@@ -244,6 +244,13 @@ CASES = [
         ["4111 1111 1111 1111"],
         "4111 1111 1111 1112",  # fails the Luhn check
     ),
+    (
+        "credit_card",
+        "then_more_digits",
+        "4111 1111 1111 1111 12",
+        ["4111 1111 1111 1111"],
+        "4111 1111 1111 1112 9",  # no group boundary gives a Luhn-valid number
+    ),
     ("phone", "us", "+1 (415) 555-0133", ["555-0133"], "version 1.2.3, step 17 of 50"),
 ]
 
@@ -340,7 +347,9 @@ def cards(draw) -> Planted:
     body = prefix + draw(_chars(string.digits, length - len(prefix) - 1))
     check = next(d for d in "0123456789" if luhn_ok(body + d))
     number = body + check
-    return Planted("credit_card", number, (number,))
+    separator = draw(st.sampled_from(["", " ", "-"]))
+    text = separator.join(number[i : i + 4] for i in range(0, len(number), 4))
+    return Planted("credit_card", text, (text,))
 
 
 def _token(kind: str, template: str, core, *parts) -> st.SearchStrategy[Planted]:
