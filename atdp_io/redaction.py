@@ -39,23 +39,40 @@ def _minimal(literals) -> tuple[str, ...]:
     return tuple(sorted(t for t in lowered if not any(o != t and o in t for o in lowered)))
 
 
+def _guarded(literals: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, tuple], ...]]:
+    """(plain literals, (guard, literals holding it)...): a literal with `_ - : .` in it is
+    tested only when its guard character is in the text, which halves the tests on prose."""
+    plain, groups = [], {}
+    for literal in literals:
+        guard = next((g for g in "_-:." if g in literal), None)
+        (groups.setdefault(guard, []) if guard else plain).append(literal)
+    return tuple(plain), tuple((g, tuple(group)) for g, group in groups.items())
+
+
 # Necessary conditions for the built-in detectors (see `atdp_io.secret_catalogue`), checked
-# before any regex runs: one C-speed substring test per literal on the lower-cased text (every
-# match holds one of its detector's literals, and a lower-cased literal is a weaker, still
-# necessary, condition), then the shapes of the numeric detectors. Clean text, the common case,
-# pays one lower() and these tests. Includes the literals of secret-like mapping keys.
-_LITERALS = _minimal(
-    [t for d in catalogue.CATALOGUE for t in (*d.triggers, *d.lower_triggers)]
-    + list(catalogue.SECRET_KEY_TRIGGERS)
+# before any regex runs: C-speed substring tests on the lower-cased text (every match holds one
+# of its detector's literals, and a lower-cased literal is a weaker, still necessary,
+# condition), then the shapes of the numeric detectors. Clean text, the common case, pays one
+# lower() and these tests. Includes the literals of secret-like mapping keys.
+_PLAIN, _GUARDED = _guarded(
+    _minimal(
+        [t for d in catalogue.CATALOGUE for t in (*d.triggers, *d.lower_triggers)]
+        + list(catalogue.SECRET_KEY_TRIGGERS)
+    )
 )
 _DIGIT_RUN, _IBAN_HEAD = catalogue.SHAPES
 
 
 def _builtin_might_match(text: str) -> bool:
     lowered = text.lower()
-    for literal in _LITERALS:
+    for literal in _PLAIN:
         if literal in lowered:
             return True
+    for guard, literals in _GUARDED:
+        if guard in lowered:
+            for literal in literals:
+                if literal in lowered:
+                    return True
     return _DIGIT_RUN.search(text) is not None or _IBAN_HEAD.search(text) is not None
 
 
