@@ -133,7 +133,10 @@ class Redactor:
                 raise ValueError(f"Redactor.extra_patterns[{name!r}]: {err}") from err
             patterns[name] = pattern
         # One alternation, so a string is scanned once; earlier detectors win on overlaps.
-        self._regex = re.compile("|".join(f"(?P<{n}>{p})" for n, p in patterns.items()))
+        try:
+            self._regex = re.compile("|".join(f"(?P<{n}>{p})" for n, p in patterns.items()))
+        except re.error as err:  # e.g. two patterns define the same group name
+            raise ValueError(f"Redactor.extra_patterns: do not combine: {err}") from err
         self._validators = {
             d.name: d.validate for d in catalogue.CATALOGUE if d.validate and d.name in patterns
         }

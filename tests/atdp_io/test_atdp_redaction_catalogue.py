@@ -190,3 +190,14 @@ def test_secret_keys_in_headers_are_redacted_too():
     assert redacted.task == {"env": "web", "login": {"password": "[REDACTED:secret_assignment]"}}
     assert redacted.governance.redaction == RedactionStatus.REDACTED
     assert Redactor().redact_header(traj.header).governance.redaction == RedactionStatus.CLEAN
+
+
+def test_user_patterns_that_clash_with_each_other_are_refused_clearly():
+    with pytest.raises(ValueError, match="do not combine"):
+        Redactor(extra_patterns={"a": r"(?P<n>x)", "b": r"(?P<n>y)"})
+    # A user detector runs beside the catalogue, and the catalogue's value groups still work.
+    report = RedactionReport()
+    redactor = Redactor(extra_patterns={"ticket": r"TCK-\d{4}"})
+    assert redactor.redact_text("TCK-1234 password=hunter2hunter2", report) == (
+        "[REDACTED:ticket] password=[REDACTED:secret_assignment]"
+    )
