@@ -126,10 +126,11 @@ SECRET_KEY = re.compile(
     r"accesstoken|refreshtoken|authtoken|sessiontoken|bearertoken|idtoken|privatekey|"
     r"privatekeyid|accountkey|authorization|credentials?)"
 )
-# Lower-cased literals one of which every such key holds (before its separators are dropped).
+# Lower-cased literals one of which every such key holds before its separators are dropped
+# ("pass", not "passw": `pass_word` is a password key too).
 SECRET_KEY_TRIGGERS = (
-    "passw", "passphrase", "secret", "api", "access", "private", "account", "token",
-    "authorization", "credential",
+    "pass", "secret", "api", "access", "private", "account", "token", "authorization",
+    "credential",
 )  # fmt: skip
 _KEY_SEPARATORS = re.compile(r"[\s_.-]")
 

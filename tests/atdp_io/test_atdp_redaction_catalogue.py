@@ -126,14 +126,16 @@ def test_secret_keys_in_json_objects_redact_their_values_whatever_they_look_like
 
 
 def test_tool_arguments_under_secret_keys_are_redacted_on_the_writer_path():
-    event = tool_event("login", {"user": "bob", "password": "pw"}, "ok")
-    redacted, report = Redactor().redact_event(event)
-    assert redacted.action.tool_calls[0].arguments == {
-        "user": "bob",
-        "password": "[REDACTED:secret_assignment]",
-    }
-    assert isinstance(redacted.action.tool_calls[0], ToolCall)
-    assert report.findings == {"secret_assignment": 1}
+    # Nothing here matches a text detector: only the key names send it through the exact pass.
+    for key in ("password", "pass_word", "x-api-key", "id_token"):
+        event = tool_event("login", {"user": "bob", key: "pw"}, "ok")
+        redacted, report = Redactor().redact_event(event)
+        assert redacted.action.tool_calls[0].arguments == {
+            "user": "bob",
+            key: "[REDACTED:secret_assignment]",
+        }
+        assert isinstance(redacted.action.tool_calls[0], ToolCall)
+        assert report.findings == {"secret_assignment": 1}
 
 
 @pytest.mark.parametrize(
@@ -145,6 +147,7 @@ def test_tool_arguments_under_secret_keys_are_redacted_on_the_writer_path():
         ("private_key_id", True),
         ("refresh_token", True),
         ("db.password", True),
+        ("Pass_Word", True),
         ("secretary", False),
         ("prompt_tokens", False),
         ("keyboard", False),
