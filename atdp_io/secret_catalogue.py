@@ -188,7 +188,7 @@ CATALOGUE: tuple[Detector, ...] = (
         "aws_secret_key",
         # 40 base64 characters, bounded, next to an aws / secret context of letters only (a
         # context that can hold no other finding: it is kept in the text).
-        rf"(?:[Aa](?i:ws)|[Ss](?i:ecret))[A-Za-z_ -]{{0,30}}?(?:\\?[\"'])?\s*[:=]?\s*(?:\\?[\"'])?(?<![A-Za-z0-9/+])"
+        rf"(?:[Aa](?i:ws)|[Ss](?i:ecret))[A-Za-z_ -]{{0,30}}?(?:\\*[\"'])?\s*[:=]?\s*(?:\\*[\"'])?(?<![A-Za-z0-9/+])"
         rf"(?![0-9a-fA-F]{{40}}(?![A-Za-z0-9/+=]))"
         rf"(?P<{VALUE_GROUP_PREFIX}aws_secret_key>[A-Za-z0-9/+]{{40}})(?![A-Za-z0-9/+=])",
         "AWS secret access keys: 40 base64 characters (not all hex, so no git SHA) within 30 "
@@ -234,7 +234,7 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "basic_auth",
-        rf"[Aa](?i:uthorization)[\"']?\s*[:=]\s*[\"']?(?i:basic)\s+"
+        rf"[Aa](?i:uthorization)(?:\\*[\"'])?\s*[:=]\s*(?:\\*[\"'])?(?i:basic)\s+"
         rf"(?P<{VALUE_GROUP_PREFIX}basic_auth>[A-Za-z0-9+/]{{8,}}={{0,2}})",
         "`Authorization: Basic <base64>` (the base64 `user:password`)",
         lower_triggers=("authorization",),
@@ -247,7 +247,7 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "secret_assignment",
-        rf"{_KEYWORDS}[\w.-]*(?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?(?!-----)"
+        rf"{_KEYWORDS}[\w.-]*(?:\\*[\"'])?\s*[:=]\s*(?:\\*[\"'])?(?!-----)"
         rf"(?P<{VALUE_GROUP_PREFIX}secret_assignment>[^\s'\",;\\]{{6,}})",
         "the value (6+ characters) after a secret-like name and `:` or `=` (`password=`, "
         '`"client_secret": "`, escaped quotes inside JSON strings); in JSON objects every '

@@ -136,6 +136,20 @@ CASES = [
     ),
     (
         "secret_assignment",
+        "double_escaped",
+        json.dumps({"raw": json.dumps({"arguments": json.dumps({"password": "Tr0ub4dor&3x"})})}),
+        ["Tr0ub4dor&3x"],
+        json.dumps({"raw": json.dumps({"arguments": json.dumps({"user": "Tr0ub4dor&3x"})})}),
+    ),
+    (
+        "basic_auth",
+        "escaped_json",
+        json.dumps(json.dumps({"Authorization": "Basic YWRtaW46b3BlbnNlc2FtZQ=="})),
+        ["YWRtaW46b3BlbnNlc2FtZQ=="],
+        json.dumps(json.dumps({"Authorization": "Digest realm=x"})),
+    ),
+    (
+        "secret_assignment",
         "gcp_key_id",
         '"private_key_id": "8f2b2a1c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a"',
         ["8f2b2a1c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a"],
@@ -299,9 +313,12 @@ def aws_secret_keys(draw) -> Planted:
                 'AWS_SECRET_ACCESS_KEY="{}"',
                 '"SecretAccessKey": "{}"',
                 "my aws secret key is {}",
+                "escaped",
             ]
         )
     )
+    if form == "escaped":  # credentials JSON inside a JSON string
+        return Planted("aws_secret_key", json.dumps(json.dumps({"SecretAccessKey": key})), (key,))
     return Planted("aws_secret_key", form.format(key), (key,))
 
 
