@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -127,16 +127,15 @@ class Redactor:
             if name in _BUILTIN:
                 raise ValueError(f"Redactor.extra_patterns: {name!r} shadows a built-in detector")
             try:
-                # Compiled as a group of the combined pattern: global flags must be scoped.
-                re.compile(f"(?P<{name}>{pattern})")
+                re.compile(pattern)
             except re.error as err:
                 raise ValueError(f"Redactor.extra_patterns[{name!r}]: {err}") from err
             patterns[name] = pattern
-        # One alternation, so a string is scanned once; earlier detectors win on overlaps.
-        try:
-            self._regex = re.compile("|".join(f"(?P<{n}>{p})" for n, p in patterns.items()))
-        except re.error as err:  # e.g. two patterns define the same group name
-            raise ValueError(f"Redactor.extra_patterns: do not combine: {err}") from err
+        # One compiled regex per detector, merged leftmost-first in catalogue order (what one
+        # alternation would find): alone, a regex that opens with a literal or a class skips
+        # ahead in C, which one big alternation cannot (it tries every branch at every position).
+        self._names = tuple(patterns)
+        self._regexes = tuple(re.compile(p) for p in patterns.values())
         self._validators = {
             d.name: d.validate for d in catalogue.CATALOGUE if d.validate and d.name in patterns
         }
@@ -152,29 +151,55 @@ class Redactor:
 
     def redact_text(self, text: str, report: RedactionReport) -> str:
         """Returns `text` with every finding replaced, counting findings into `report`."""
+        pieces, last = [], 0
+        for name, match in self._matches(text):
+            pieces += (text[last : match.start()], self._replacement(name, match, report))
+            last = match.end()
+        if not pieces:
+            return text
+        pieces.append(text[last:])
+        return "".join(pieces)
 
-        def replace(match: re.Match) -> str:
-            name = match.lastgroup
-            group = self._value_groups.get(name)
-            validate = self._validators.get(name)
-            found = -1  # the whole match
-            if validate is not None:
-                found = validate(match.group(group or 0))
-                if not found:
-                    return match.group()
-            report.findings[name] += 1
-            if group is None:
-                whole = match.group()
-                if 0 < found < len(whole):  # the finding is a prefix: the rest may hold others
-                    return f"[REDACTED:{name}]{self.redact_text(whole[found:], report)}"
-                return f"[REDACTED:{name}]"
-            # Only the secret goes; its context (`password=`, `"SecretAccessKey": "`) stays.
-            start, end = match.span(group)
-            whole = match.group()
-            offset = match.start()
-            return f"{whole[: start - offset]}[REDACTED:{name}]{whole[end - offset :]}"
+    def _matches(self, text: str) -> Iterator[tuple[str, re.Match]]:
+        """Non-overlapping matches of all detectors, leftmost first, ties to the earlier one."""
+        regexes = self._regexes
+        heads = [regex.search(text) for regex in regexes]
+        while True:
+            best = None
+            for i, head in enumerate(heads):
+                if head is not None and (best is None or head.start() < heads[best].start()):
+                    best = i
+            if best is None:
+                return
+            match = heads[best]
+            pos = match.end()
+            if pos == match.start():  # an empty match (a user pattern) replaces nothing
+                more = pos < len(text)  # (a search from past the end still finds one at it)
+                heads[best] = regexes[best].search(text, pos + 1) if more else None
+                continue
+            yield self._names[best], match
+            for i, head in enumerate(heads):
+                if head is not None and head.start() < pos:
+                    heads[i] = regexes[i].search(text, pos)
 
-        return self._regex.sub(replace, text)
+    def _replacement(self, name: str, match: re.Match, report: RedactionReport) -> str:
+        group = self._value_groups.get(name)
+        validate = self._validators.get(name)
+        found = -1  # the whole match
+        if validate is not None:
+            found = validate(match.group(group or 0))
+            if not found:
+                return match.group()
+        report.findings[name] += 1
+        whole = match.group()
+        if group is None:
+            if 0 < found < len(whole):  # the finding is a prefix: the rest may hold others
+                return f"[REDACTED:{name}]{self.redact_text(whole[found:], report)}"
+            return f"[REDACTED:{name}]"
+        # Only the secret goes; its context (`password=`, `"SecretAccessKey": "`) stays.
+        start, end = match.span(group)
+        offset = match.start()
+        return f"{whole[: start - offset]}[REDACTED:{name}]{whole[end - offset :]}"
 
     def redact_json(self, value: Any, report: RedactionReport) -> Any:
         """Redacts every string inside a JSON value (keys included).
@@ -261,14 +286,14 @@ class Redactor:
         """
         if not (self._custom or _builtin_might_match(text)):
             return False
-        return self._regex.search(text) is not None
+        return any(regex.search(text) is not None for regex in self._regexes)
 
     def _needs_exact_pass(self, joined: str) -> bool:
         """Whether the strings of a record (NUL-joined) need the per-string pass of
         `redact_json`: a detector may match, or a string may be a secret-like key."""
         if not (self._custom or _builtin_might_match(joined)):
             return False
-        if self._regex.search(joined) is not None:
+        if any(regex.search(joined) is not None for regex in self._regexes):
             return True
         return self._secret_keys and _might_hold_secret_key(joined)
 

@@ -165,8 +165,8 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "url_credentials",
-        rf"\b[A-Za-z][A-Za-z0-9+.-]{{1,20}}://[^\s:/@]+:(?P<{VALUE_GROUP_PREFIX}url_credentials>"
-        r"[^\s/@]+)@",
+        # Opens with the literal `://` (fast to find); the scheme before it is only checked.
+        rf"://(?<=[A-Za-z0-9]://)[^\s:/@]+:(?P<{VALUE_GROUP_PREFIX}url_credentials>[^\s/@]+)@",
         "the password of `scheme://user:password@host` (databases, brokers, git remotes)",
         triggers=("://",),
     ),
@@ -179,7 +179,7 @@ CATALOGUE: tuple[Detector, ...] = (
     ),
     Detector(
         "stripe_key",
-        r"\b[sr]k_(?:live|test)_[0-9A-Za-z]{16,}",
+        r"[sr]k_(?<!\w[sr]k_)(?:live|test)_[0-9A-Za-z]{16,}",
         "Stripe secret and restricted keys `sk_live_` / `rk_test_` ... (publishable `pk_` keys "
         "are public)",
         triggers=("k_live_", "k_test_"),

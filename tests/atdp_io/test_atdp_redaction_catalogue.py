@@ -10,6 +10,7 @@ import pytest
 from atdp_factories import ByteTokenizer, agent_trajectory, llm_event, tool_event
 from atdp_secrets import CASES, SECRETS, Planted
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atdp_io import RedactionStatus, Redactor, ToolCall
 from atdp_io.redaction import RedactionReport, _builtin_might_match
@@ -63,6 +64,23 @@ def test_near_miss_is_left_alone(kind, near_miss):
     out, report = _redact(f"note: {near_miss} -- end")
     assert out == f"note: {near_miss} -- end"
     assert not report.findings
+
+
+FILLER = st.sampled_from(
+    ["go to", "cabinet 2", "the", "4111", "-", ":", "=", "\n", '"', "aws", "secret", "SSN"]
+)
+NEAR_MISSES = st.sampled_from([m for *_, m in CASES])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(SECRETS.map(lambda p: p.text), NEAR_MISSES, FILLER), max_size=12))
+def test_detectors_merge_like_one_alternation_in_catalogue_order(parts):
+    # The redactor runs one regex per detector (faster) and merges them; the semantics are
+    # those of one alternation: leftmost match, ties to the earlier detector, no overlaps.
+    text = " ".join(parts)
+    alternation = re.compile("|".join(f"(?P<{d.name}>{d.pattern})" for d in CATALOGUE))
+    expected = [(m.lastgroup, m.span()) for m in alternation.finditer(text)]
+    assert [(n, m.span()) for n, m in Redactor()._matches(text)] == expected
 
 
 @settings(max_examples=300, deadline=None)
@@ -195,10 +213,13 @@ def test_secret_keys_in_headers_are_redacted_too():
     assert Redactor().redact_header(traj.header).governance.redaction == RedactionStatus.CLEAN
 
 
-def test_user_patterns_that_clash_with_each_other_are_refused_clearly():
-    with pytest.raises(ValueError, match="do not combine"):
-        Redactor(extra_patterns={"a": r"(?P<n>x)", "b": r"(?P<n>y)"})
-    # A user detector runs beside the catalogue, and the catalogue's value groups still work.
+def test_user_patterns_run_beside_the_catalogue():
+    # Each detector is compiled alone: group names and global flags of user patterns are theirs.
+    report = RedactionReport()
+    redactor = Redactor(extra_patterns={"a": r"(?i)(?P<n>XQ-\d+)", "b": r"(?P<n>ZW-\d+)"})
+    assert redactor.redact_text("xq-1 ZW-2", report) == "[REDACTED:a] [REDACTED:b]"
+    # Empty matches replace nothing (and do not loop).
+    assert Redactor(extra_patterns={"e": r"x*"}).redact_text("abc", report) == "abc"
     report = RedactionReport()
     redactor = Redactor(extra_patterns={"ticket": r"TCK-\d{4}"})
     assert redactor.redact_text("TCK-1234 password=hunter2hunter2", report) == (
