@@ -1,6 +1,8 @@
 """Redaction: detectors, token-stream redaction, and a scan of every byte the store wrote."""
 
 import dataclasses
+import json
+import uuid
 from collections import Counter
 
 import numpy as np
@@ -13,6 +15,9 @@ from atdp_factories import (
     stored_bytes,
     tool_event,
 )
+from atdp_secrets import SECRETS as PLANTED
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from atdp_io import (
     AtdpStore,
@@ -43,7 +48,8 @@ def test_each_detector_replaces_its_secret(detector, secret):
     report = RedactionReport()
     out = Redactor().redact_text(f"before {secret} after", report)
     assert secret not in out
-    assert out.startswith("before [REDACTED:") and out.endswith(" after")
+    assert f"[REDACTED:{detector}]" in out
+    assert out.startswith("before ") and out.endswith(" after")
     assert sum(report.findings.values()) >= 1
 
 
@@ -147,3 +153,117 @@ def test_no_planted_secret_reaches_disk(tmp_path):
     assert stored.header.governance.redaction == RedactionStatus.REDACTED
     assert [e.redaction for e in stored.events] == [RedactionStatus.REDACTED] * 3
     assert "[REDACTED:email]" in stored.events[0].observation
+
+
+# Every place a gateway or rollout puts text: system prompt, user text, tool arguments (as an
+# object and as the JSON string the OpenAI API sends), tool results, observations, hidden state,
+# retrieval snippets, metadata, header task, annotations, LLM tool schemas and token streams.
+PLACES = (
+    "system_prompt",
+    "user_text",
+    "tool_arguments",
+    "tool_arguments_json",
+    "tool_result",
+    "env_observation",
+    "hidden",
+    "retrieval",
+    "metadata",
+    "header_task",
+    "critique",
+    "llm_tools",
+    "llm_tokens",
+)
+
+
+def _events_for(place: str, text: str, tok) -> tuple[list[Event], dict, str]:
+    """(events, header task, critique text) carrying `text` at `place`."""
+    task, critique = {"env": "alfworld"}, "fine"
+    if place in ("system_prompt", "user_text"):
+        role = "system" if place == "system_prompt" else "user"
+        events = [
+            Event(
+                kind=EventKind.MESSAGE,
+                replay=ReplayClass.NON_REPLAYABLE,
+                observation={"role": role, "content": f"hello {text} bye"},
+            )
+        ]
+    elif place == "tool_arguments":
+        events = [tool_event("search", {"query": text, "limit": 3}, "ok")]
+    elif place == "tool_arguments_json":
+        events = [tool_event("search", {"raw": json.dumps({"query": text})}, "ok")]
+    elif place == "tool_result":
+        events = [tool_event("read_file", {"path": "notes.txt"}, {"content": text})]
+    elif place == "env_observation":
+        events = [
+            Event(EventKind.ENV_STEP, ReplayClass.APPROXIMATE, observation=f"You see {text}.")
+        ]
+    elif place == "hidden":
+        events = [Event(EventKind.ENV_STEP, ReplayClass.APPROXIMATE, hidden={"thought": text})]
+    elif place == "retrieval":
+        events = [
+            Event(EventKind.RETRIEVAL, ReplayClass.APPROXIMATE, observation=[{"snippet": text}])
+        ]
+    elif place == "metadata":
+        meta = EventMetadata(session_id="s1", extra={"note": text, "headers": [text]})
+        events = [Event(EventKind.MESSAGE, ReplayClass.NON_REPLAYABLE, metadata=meta)]
+    elif place == "header_task":
+        events, task = [], {"env": "alfworld", "instructions": text}
+    elif place == "critique":
+        events, critique = [], f"the agent leaked {text}"
+    elif place == "llm_tools":
+        call = llm_event(tok.encode("<|user|>hi"), tok.encode("ok"), text=f"call {text}")
+        tools = ({"type": "function", "function": {"name": "f", "description": text}},)
+        events = [dataclasses.replace(call, llm=dataclasses.replace(call.llm, tools=tools))]
+    else:
+        events = [llm_event(tok.encode(f"<|system|>{text}<|user|>hi"), tok.encode(f"ok {text}"))]
+    return events, task, critique
+
+
+def _forms(core: str, tok) -> list[bytes]:
+    """The byte forms a leaked `core` would take on disk: plain, JSON-escaped once and twice
+    (tool arguments sent as a JSON string), and as int32 token ids."""
+    once = json.dumps(core)[1:-1]
+    twice = json.dumps(once)[1:-1]
+    return [
+        *{core.encode(), once.encode(), twice.encode()},
+        np.asarray(tok.encode(core), "<i4").tobytes(),
+    ]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(plants=st.lists(st.tuples(PLANTED, st.sampled_from(PLACES)), min_size=1, max_size=4))
+def test_no_planted_secret_from_the_catalogue_reaches_disk(tmp_path, plants):
+    tok = ByteTokenizer()
+    root = tmp_path / uuid.uuid4().hex  # one store per example: tmp_path is shared
+    store = AtdpStore.open(root, config=StoreConfig(compression=None))
+    canary = "CANARY-plain-observation-text"
+    events = [Event(EventKind.ENV_STEP, ReplayClass.APPROXIMATE, observation=canary)]
+    task: dict = {}
+    critiques = []
+    for i, (planted, place) in enumerate(plants):
+        more, more_task, critique = _events_for(place, planted.text, tok)
+        events += more
+        task.update({f"{k}{i}": v for k, v in more_task.items()})
+        critiques.append(Critique("t-prop", 0, critique, "reviewer", NOW))
+    base = agent_trajectory("t-prop", turns=1)
+    traj = dataclasses.replace(
+        base, header=dataclasses.replace(base.header, task=task), events=tuple(events)
+    )
+    with store.writer("acme", redactor=Redactor(tokenizer=tok)) as writer:
+        writer.append([traj])
+        for critique in critiques:
+            writer.annotate(critique)
+    raw = stored_bytes(root)
+    assert canary.encode() in raw  # the scan sees plaintext payloads
+    for planted, place in plants:
+        for core in planted.cores:
+            for form in _forms(core, tok):
+                assert form not in raw, (planted.kind, place, core)
+    assert any(form in raw for form in _forms("[REDACTED:", tok))  # as text or as token ids
+    reader = store.reader("acme", principal="acme")
+    reader.refresh()
+    assert len(reader.read("t-prop").events) == len(events)  # redacted, still readable
