@@ -50,6 +50,12 @@ class LoaderConfig:
     commit order with one value (a group the engine appended at once) are then never split
     across batches; a group needing more than `rows` rows, or holding a too-long trajectory, is
     dropped whole (counted) or refused under `too_long`; epochs shuffle groups.
+    `max_trajectories`: a batch also closes once it holds this many trajectories (None: only
+    `rows` decides). An online learner sets it to the episodes of a policy version, so each
+    step trains on that many episodes however long they are, instead of on whatever filled the
+    rows (a batch of the few long failures that finished last). A group is never split: one
+    that would pass the limit waits for the next batch (a single group larger than it is
+    batched alone).
     """
 
     rows: int
@@ -65,6 +71,7 @@ class LoaderConfig:
     starved_after: int = 16
     group_by: str | None = None
     eligibility: EligibilityPolicy = dataclasses.field(default_factory=EligibilityPolicy)
+    max_trajectories: int | None = None
 
     def __post_init__(self):
         if self.rows < 1 or self.seq_len < 1:
@@ -81,6 +88,15 @@ class LoaderConfig:
             raise ValueError("LoaderConfig.staleness_unit must be 'row' or 'trajectory'")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError("LoaderConfig.max_staleness must be >= 0 or None")
+        if self.max_trajectories is not None and (
+            isinstance(self.max_trajectories, bool)
+            or not isinstance(self.max_trajectories, int)
+            or self.max_trajectories < 1
+        ):
+            raise ValueError(
+                "LoaderConfig.max_trajectories must be a positive int or None, got "
+                f"{self.max_trajectories!r}"
+            )
         if self.starved_after < 0:
             raise ValueError(f"LoaderConfig.starved_after must be >= 0, got {self.starved_after}")
         groups_lib.check_group_by(self.group_by)

@@ -156,7 +156,8 @@ class _BatcherIterator(grain.DatasetIterator):
             else:
                 self._dropped.stale += 1
             self._carry = self._carry_position = None
-        while used < config.rows:
+        limit = config.max_trajectories
+        while used < config.rows and (limit is None or len(groups) < limit):
             pulled = self._pull_unit()
             if pulled is None:
                 break
@@ -167,7 +168,8 @@ class _BatcherIterator(grain.DatasetIterator):
                 continue
             self._kept()
             size = sum(len(rows) for _, rows in members)
-            if used + size > config.rows:
+            over_limit = limit is not None and groups and len(groups) + len(members) > limit
+            if used + size > config.rows or over_limit:
                 self._carry, self._carry_position = members, position
                 break
             groups.extend(members)

@@ -240,6 +240,7 @@ def reinforcement_learning(
         rows=rl.rows,
         seq_len=rl.seq_len,
         max_staleness=rl.max_staleness,
+        max_trajectories=run.share(rl.batch_episodes) if rl.batch_episodes else None,
         current_version=lambda: learner.policy_version,
     )
     trainer = OnlineTrainer(

@@ -140,6 +140,10 @@ class RLSpec:
       max_staleness: versions a sample may lag (engine admission and loader filter).
       episodes_per_version: episodes per policy version (engine admission; a sync round).
       rows: rows per learner batch (windowed layout: one row per turn).
+      batch_episodes: a policy step trains on at most this many episodes, however few rows
+        they fill (0: as many as `rows` holds). Set to `episodes_per_version`, every step
+        trains on a version's worth of episodes, so the few long failures that finish last are
+        not a batch, and a full-size Adam step, of their own.
       seq_len: tokens per row (0: the longest expert prompt of this run's settings plus
         `rollout.max_new_tokens`, measured before anything runs).
       warmup_episodes: rollouts of the cloned policy for the critic warm-up.
@@ -157,10 +161,15 @@ class RLSpec:
     max_staleness: int = 2
     episodes_per_version: int = 8
     rows: int = 64
+    batch_episodes: int = 0
     seq_len: int = 320
     warmup_episodes: int = 16
     critic_head_fit: bool = False
     idle_timeout_s: float = 5.0
+
+    def __post_init__(self):
+        if self.batch_episodes < 0:
+            raise ValueError(f"rl.batch_episodes must be >= 0, got {self.batch_episodes}")
 
 
 @dataclasses.dataclass

@@ -247,6 +247,22 @@ def test_stream_delivers_new_commits_once_and_resumes_from_its_cursor(tmp_path):
     assert again == ["t02", "t03", "t04", "t05", "t06", "t07"]
 
 
+def test_max_trajectories_closes_a_batch_that_still_has_free_rows(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    trajectories = [_make(i, turns=1 + i % 2) for i in range(8)]  # 1 or 2 rows each
+    owner = _row_owner(trajectories)
+    with store.writer("acme") as writer:
+        writer.append(trajectories)
+    loader = _loader(store, rows=16, max_trajectories=3)
+    stream = loader.stream(poll_interval_s=0.01, idle_timeout_s=0.2, shard=ONE_SHARD)
+    batches = [sorted({tid for (tid, _), _ in _rows_of(batch, owner)}) for batch in stream]
+    # 16 rows would hold all 12 rows at once; the limit cuts batches of 3 trajectories, in
+    # commit order, the last one partial when the stream goes idle
+    assert batches == [["t00", "t01", "t02"], ["t03", "t04", "t05"], ["t06", "t07"]]
+    rows_only = _loader(store, rows=16).stream(poll_interval_s=0.01, idle_timeout_s=0.2)
+    assert sum(1 for _ in rows_only) == 1
+
+
 def _assert_rows_equal(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
@@ -320,6 +336,8 @@ def test_a_purge_after_reading_keeps_the_trajectory_out_of_the_batch(tmp_path):
         ({"rows": 1, "seq_len": 8, "too_long": "truncate"}, "too_long"),
         ({"rows": 1, "seq_len": 8, "max_staleness": -1}, "max_staleness"),
         ({"rows": 1, "seq_len": 8, "staleness_unit": "token"}, "staleness_unit"),
+        ({"rows": 1, "seq_len": 8, "max_trajectories": 0}, "max_trajectories"),
+        ({"rows": 1, "seq_len": 8, "max_trajectories": 2.5}, "max_trajectories"),
     ],
 )
 def test_bad_loader_configs_are_refused(fields, problem):

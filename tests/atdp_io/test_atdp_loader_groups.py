@@ -226,3 +226,14 @@ def test_default_splits_groups_and_keyless_data_batches_as_without_group_by(tmp_
 def test_a_group_by_naming_no_header_field_is_refused(group_by):
     with pytest.raises(ValueError, match="group_by"):
         LoaderConfig(rows=2, seq_len=8, group_by=group_by)
+
+
+def test_max_trajectories_never_splits_a_group(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    written = _write_groups(store, [[1, 1], [1, 1], [1, 1, 1], 1])
+    loader = _loader(store, rows=32, max_trajectories=3)
+    stream = loader.stream(shard=ONE_SHARD, poll_interval_s=0.01, idle_timeout_s=0.2)
+    sizes = [int((batch["traj_index"] >= 0).sum()) for batch in stream]
+    # group 1 would make 4 > 3: it waits; group 2 alone is 3; the keyless one follows
+    assert sizes == [2, 2, 3, 1]
+    assert sum(len(members) for members in written) == sum(sizes)

@@ -18,6 +18,7 @@ MICRO = [
     "eval.num_games=2",
     "warm_start.demo_episodes=4",
     "rl.critic_head_fit=true",
+    "rl.batch_episodes=1",  # micro plays 2 a version: a step trains on 1
 ]
 
 
@@ -50,6 +51,7 @@ def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
     assert any("eval/valid_unseen/success" in r for r in records)
     rl = [r for r in records if r.get("phase") == 1.0]
     assert len(rl) >= 2 and all("policy/clip_frac" in r and "critic/loss" in r for r in rl)
+    assert all(r["batch/trajectories"] == 1 for r in rl if "policy/clip_frac" in r)
     assert any(r.get("phase") == 0.0 for r in records)  # the critic warm-up ran first
     fits = [r for r in records if "critic_fit/explained_variance" in r]
     assert len(fits) == 1 and fits[0]["critic_fit/tokens"] > 0  # its head fitted once, first
@@ -91,6 +93,9 @@ def test_bad_overrides_exit_with_a_message_naming_the_key(tmp_path, capsys):
     with pytest.raises(SystemExit):
         alfworld_sao.main(["--out", str(tmp_path), "rl.rows=many"])
     assert "rl.rows" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alfworld_sao.main(["--out", str(tmp_path), "rl.batch_episodes=-1"])
+    assert "rl.batch_episodes must be >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow
