@@ -450,3 +450,60 @@ def test_the_proxy_routes_over_http_and_its_purge_runs_with_its_app(tmp_path):
     reader.refresh()
     for trajectory_id in ("s1", "s2"):
         assert reader.entry(trajectory_id).governance().consent == ConsentStatus.WITHDRAWN
+
+
+# --------------------------------------------------------------------------- redaction
+
+
+def test_secrets_planted_through_the_gateway_never_reach_disk(server):
+    """The four kinds the store used to keep in the clear, sent the way an agent sends them:
+    in the system prompt, the user's text, a tool call's arguments and a tool's result. (A
+    bare 40-character AWS key with no `aws` / `secret` near it is a documented limit of the
+    catalogue, docs/atdp_io.md, and is not planted here.)"""
+    thread, buffer = server
+    pem_lines = ["MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu"]
+    private_key = "\n".join(
+        ["-----BEGIN RSA PRIVATE KEY-----", *pem_lines, "-----END RSA PRIVATE KEY-----"]
+    )
+    aws_secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    iban, ssn = "GB82 WEST 1234 5698 7654 32", "078-05-1120"
+    cores = [*pem_lines, aws_secret, iban, iban.replace(" ", ""), ssn]
+    session = start(thread.url, KEYS["acme"])
+    client = openai.OpenAI(
+        base_url=thread.url + "/v1", api_key=session["api_key"], max_retries=0, timeout=120
+    )
+    messages = [
+        {"role": "system", "content": f"aws_secret_access_key = {aws_secret}"},
+        {"role": "user", "content": f"Pay to {iban}; my SSN is {ssn}."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "deploy", "arguments": json.dumps({"key": private_key})},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": f"$ env\nAWS_SECRET_ACCESS_KEY={aws_secret}",
+        },
+    ]
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    status, ended = api(thread.url, "/rl/end_session", {}, session["api_key"])
+    assert status == 200, ended
+
+    on_disk = disk_bytes(buffer, "acme")
+    escaped = [json.dumps(core)[1:-1].encode() for core in cores]
+    assert not [core for core in cores if core.encode() in on_disk]
+    assert not [core for core in escaped if core in on_disk]
+    trajectory = read_trajectories(buffer, "acme")[session["session_id"]]
+    assert b"[REDACTED:" in on_disk
+    tokenizer = build_tiny_tokenizer()
+    for event in trajectory.events:
+        if event.kind == EventKind.LLM_CALL:  # the token streams were redacted too
+            text = tokenizer.decode(event.llm.input_ids.tolist())
+            assert not [core for core in cores if core in text], text
