@@ -143,7 +143,8 @@ class RLSpec:
       batch_episodes: a policy step trains on at most this many episodes, however few rows
         they fill (0: as many as `rows` holds). Set to `episodes_per_version`, every step
         trains on a version's worth of episodes, so the few long failures that finish last are
-        not a batch, and a full-size Adam step, of their own.
+        not a batch, and a full-size Adam step, of their own. Off by default: asynchronously
+        the batches then sit at the staleness bound (experiments/README.md, 2 seeds worse).
       seq_len: tokens per row (0: the longest expert prompt of this run's settings plus
         `rollout.max_new_tokens`, measured before anything runs).
       warmup_episodes: rollouts of the cloned policy for the critic warm-up.
