@@ -248,11 +248,14 @@ class SessionBook:
         lines; each tenant's export is recorded in its audit log."""
         tenants = [tenant] if tenant is not None else await self.run(self.store.tenants)
         for name in tenants:
-            reader, entries = await self.run(
+            reader, entries, now = await self.run(
                 self._export_entries, name, requested_by, session_id, eligible_only, include_open
             )
             for begin in range(0, len(entries), 16):
-                batch = await self.run(reader.read_entries, entries[begin : begin + 16])
+                # checked at the listing's instant: a record that expires while the export
+                # streams was listed as allowed, and must not cut the stream short
+                chunk = entries[begin : begin + 16]
+                batch = await self.run(reader.read_entries, chunk, now=now)
                 for trajectory in batch:
                     line = {"tenant": name, "trajectory": codec.trajectory_to_export(trajectory)}
                     yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
@@ -260,11 +263,12 @@ class SessionBook:
     def _export_entries(self, tenant, requested_by, session_id, eligible_only, include_open):
         reader = self.store.reader(tenant, principal=tenant, purpose="export")
         reader.refresh()
-        entries = reader.entries(closed_only=not include_open)
+        now = time.time()
+        entries = reader.entries(closed_only=not include_open, now=now)
         if session_id is not None:
             entries = [e for e in entries if e.trajectory_id == session_id]
         if eligible_only:
-            policy, now, records = EligibilityPolicy(), time.time(), reader.index.records
+            policy, records = EligibilityPolicy(), reader.index.records
             entries = [
                 e
                 for e in entries
@@ -278,7 +282,7 @@ class SessionBook:
             allowed=True,
             detail={"trajectories": len(entries), "session_id": session_id},
         )
-        return reader, entries
+        return reader, entries, now
 
     async def shutdown(self) -> None:
         for writer in self._writers.values():
