@@ -241,7 +241,10 @@ def tiny() -> ExperimentConfig:
     """The 2-core CPU demo: the tiny MoE preset with 4 experts on small games, ~20 minutes.
 
     Clone 2000 episodes of the observation-only search expert for 2 epochs (~1,080 steps, rows
-    sized to every demo, compact prompts), then 50 policy steps of asynchronous SAO.
+    sized to every demo, compact prompts), then 50 policy steps of SAO on the synchronous
+    schedule: where rollout and learner share two cores the overlap buys nothing, and
+    synchronous RL was 1.46x faster with a smaller spread over seeds (experiments/README.md).
+    `rl.asynchronous=true` overlaps them (the `small` preset does, for an accelerator).
     """
     return ExperimentConfig(
         model=ModelSpec(
@@ -266,6 +269,7 @@ def tiny() -> ExperimentConfig:
         warm_start=WarmStartSpec(demo_episodes=2000, epochs=2.0, rows=32, seq_len=0),
         rl=RLSpec(
             policy_steps=50,
+            asynchronous=False,  # 2 cores: see the docstring
             envs_per_worker=16,
             episodes_per_version=6,
             rows=128,
@@ -286,8 +290,8 @@ def small() -> ExperimentConfig:
         env=EnvConfig(size="small", max_steps=30),
         warm_start=dataclasses.replace(config.warm_start, steps=1000, rows=64, seq_len=512),
         rl=dataclasses.replace(
-            config.rl, policy_steps=500, envs_per_worker=64, episodes_per_version=16, rows=128,
-            seq_len=512,
+            config.rl, policy_steps=500, asynchronous=True, envs_per_worker=64,
+            episodes_per_version=16, rows=128, seq_len=512,
         ),
     )  # fmt: skip
 
@@ -306,8 +310,8 @@ def micro() -> ExperimentConfig:
             dagger_rounds=1, dagger_episodes=2, dagger_steps=1,
         ),
         rl=dataclasses.replace(
-            config.rl, policy_steps=2, envs_per_worker=4, episodes_per_version=2, rows=16,
-            seq_len=320, warmup_episodes=2, idle_timeout_s=1.0,
+            config.rl, policy_steps=2, asynchronous=True, envs_per_worker=4,
+            episodes_per_version=2, rows=16, seq_len=320, warmup_episodes=2, idle_timeout_s=1.0,
         ),
         eval=EvalSpec(num_games=4, num_envs=4),
         checkpoint_every=1,

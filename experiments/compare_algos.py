@@ -2,7 +2,7 @@
 
     python -m experiments.compare_algos                               # tiny runs, 2 seeds
     python -m experiments.compare_algos seeds=[0,1,2] env_steps=6000 --out runs/compare
-    python -m experiments.compare_algos "run_overrides=[rl.asynchronous=false]"
+    python -m experiments.compare_algos "run_overrides=[rl.asynchronous=true]"
 
 For each seed the first algorithm's run clones the expert and evaluates the cloned policy; every
 other algorithm of that seed starts from that same policy and evaluation (`warm_start.from_run`).
