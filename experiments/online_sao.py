@@ -19,7 +19,9 @@ iterations train only the critic, on served data too. Outputs as `alfworld_sao`,
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -245,11 +247,29 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse(argv)
     from experiments.online_run import run  # heavy imports once the command line is valid
 
+    interrupted = threading.Event()
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main_thread else None
+    if previous is signal.default_int_handler:  # a foreground job (a background one ignores it)
+
+        def on_sigint(signum, frame):
+            # Python raises a handler's exception in whatever frame runs, and one raised inside
+            # a gc callback (JAX registers one) is printed and dropped: remember it as well.
+            interrupted.set()
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_sigint)
     try:
-        return run(config)
+        summary = run(config)
+        if interrupted.is_set():  # the KeyboardInterrupt was swallowed; the run ended anyway
+            raise KeyboardInterrupt
+        return summary
     except KeyboardInterrupt:  # the agent and the server are already stopped
         print(f"interrupted; resume with --out {config.out_dir} --resume", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":
