@@ -164,7 +164,9 @@ def _maintenance_reader(store: Any, tenant: str) -> PartitionReader:
     return reader
 
 
-def _indices(reader_or_store: Any) -> dict[str, PartitionIndex]:
+def _indices(reader_or_store: Any) -> Mapping[str, PartitionIndex]:
+    if isinstance(reader_or_store, Mapping):  # indices the caller has read already
+        return reader_or_store
     if isinstance(reader_or_store, PartitionReader):
         return {reader_or_store.tenant: reader_or_store.index}
     if hasattr(reader_or_store, "tenants") and hasattr(reader_or_store, "partition_spec"):
@@ -205,8 +207,9 @@ def closure(
 
 def descendants(reader_or_store: Any, tenant: str, trajectory_ids: Iterable[str]) -> set[SourceRef]:
     """Everything derived, directly or through other derived records, from `tenant`'s
-    `trajectory_ids`: over every partition of an `AtdpStore`, or within one refreshed
-    `PartitionReader`'s partition. The sources themselves are not included."""
+    `trajectory_ids`: over every partition of an `AtdpStore`, within one refreshed
+    `PartitionReader`'s partition, or over a `{tenant: PartitionIndex}` mapping already read.
+    The sources themselves are not included."""
     roots = {SourceRef(tenant, i) for i in trajectory_ids}
     return set(closure(children_map(_indices(reader_or_store)), roots))
 

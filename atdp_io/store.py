@@ -291,16 +291,20 @@ class AtdpStore:
         now = self.clock()
         index = self._index(tenant)
         chosen = deletion.select(index, selection, tenant)
-        # records derived from them carry their consent (lineage): withdrawn there too
+        # records derived from them carry their consent (lineage): withdrawn there too; every
+        # partition's index is read once, for the descendants and for their current consent
+        indices = {tenant: index}
+        if chosen:  # nothing selected: no other partition is read
+            indices = {t: index if t == tenant else self._index(t) for t in self.tenants()}
         derived: dict[str, list[str]] = {}
-        for ref in lineage.descendants(self, tenant, chosen) if chosen else ():
+        for ref in lineage.descendants(indices, tenant, chosen) if chosen else ():
             derived.setdefault(ref.tenant, []).append(ref.trajectory_id)
         targets = {tenant: chosen}
         for other, ids in derived.items():
             targets[other] = [*targets.get(other, []), *ids]
         annotated = 0
         for other in sorted(targets, key=lambda t: t == tenant):  # the sources' partition last
-            other_index = index if other == tenant else self._index(other)
+            other_index = indices[other]
             updates = [
                 GovernanceUpdate(
                     trajectory_id,
