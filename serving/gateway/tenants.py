@@ -19,13 +19,13 @@ Without a file the gateway runs "open": any valid tenant name can be given at se
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from atdp_io import SchemaError
 from atdp_io.schema import check_tenant_id
+from serving.common.config_files import read_json_file
 from serving.common.errors import ApiError
 from serving.common.governance import governance_from_json
 from serving.common.http import key_digest
@@ -69,12 +69,7 @@ class TenantDirectory:
     @classmethod
     def from_file(cls, path: str | Path) -> TenantDirectory:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"tenants file {path} does not exist") from None
-        except json.JSONDecodeError as error:
-            raise ValueError(f"tenants file {path} is not valid JSON: {error}") from None
+        data = read_json_file(path, "tenants")
         entries = data.get("tenants") if isinstance(data, dict) else None
         if not isinstance(entries, dict) or not entries:
             raise ValueError(f"{path}: expected {{'tenants': {{name: {{...}}}}}} with at least one")

@@ -13,11 +13,12 @@ empty in the ATDP metadata and the cost counters do not move.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from serving.common.config_files import read_json_file
 
 WILDCARD = "*"
 _FIELDS = ("prompt_usd_per_1m", "completion_usd_per_1m")
@@ -68,12 +69,7 @@ class PriceTable:
     @classmethod
     def from_file(cls, path: str | Path) -> PriceTable:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"prices file {path} does not exist") from None
-        except json.JSONDecodeError as error:
-            raise ValueError(f"prices file {path} is not valid JSON: {error}") from None
+        data = read_json_file(path, "prices")
         return cls.from_json(data, str(path))
 
     def price(self, model: str) -> Price | None:
