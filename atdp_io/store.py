@@ -177,12 +177,9 @@ class AtdpStore:
         """
         self.access.check(tenant, principal, "purge", content=False)
         now = self.clock() if now is None else now
-        spec = self.partition_spec(tenant)
-        reader = PartitionReader(spec, tenant, self.config, content=False, context=self.context)
-        reader.refresh()
         expired = [
             e.trajectory_id
-            for e in reader.entries(closed_only=False)
+            for e in self._index_reader(tenant).entries(closed_only=False)
             if is_expired(e.governance(), now)
         ]
         if dry_run:
@@ -360,12 +357,16 @@ class AtdpStore:
             )  # fmt: skip
             raise AccessDenied(f"{action}: {principal!r} may not change the data of {tenant!r}")
 
-    def _index(self, tenant: str):
-        """The partition's committed index, read fresh (headers only, no content)."""
+    def _index_reader(self, tenant: str) -> PartitionReader:
+        """A maintenance reader of the partition (headers only, no content), refreshed."""
         spec = self.partition_spec(tenant)
         reader = PartitionReader(spec, tenant, self.config, content=False, context=self.context)
         reader.refresh()
-        return reader.index
+        return reader
+
+    def _index(self, tenant: str):
+        """The partition's committed index, read fresh (headers only, no content)."""
+        return self._index_reader(tenant).index
 
     def _tenant_lock(self, tenant: str) -> threading.RLock:
         with self._locks_lock:
