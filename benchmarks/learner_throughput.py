@@ -1,5 +1,6 @@
 """SAO learner iteration, side by side: heads at every position vs at the action tokens only
-(`compare=heads`), or the step-by-step iteration vs the fused one (`compare=fused`).
+(`compare=heads`), the step-by-step iteration vs the fused one (`compare=fused`), or rows
+padded as the loader made them vs packed (`compare=pack`).
 
 One SAO iteration (prepare: critic values + linked GAE; one DIS policy step; K = 2 critic steps)
 of the `experiments.alfworld_sao` `tiny` preset's learner (model preset tiny, 4 experts,
@@ -12,7 +13,12 @@ trajectory, a terminal reward on the last turn.
 the value head at all R x T positions) and `"actions"` (at a per-row capacity K of gathered
 action tokens). `compare=fused`: two learners with the heads at the action tokens,
 `fused_iteration=False` (prepare, the policy step and each critic step jitted apart, called
-from Python, one host read) and `True` (the whole iteration one compiled program). Both are
+from Python, one host read) and `True` (the whole iteration one compiled program).
+`compare=pack`: `pack_rows=False` (the backbone at every position of every row, padding
+included) vs `True` (the rows' real tokens packed into as few rows of T as hold them,
+`sao_jax.train.packing`). With `atdp=DIR/atdp` the batch is not synthetic but the first
+`episodes` rollout episodes an `experiments.alfworld_sao` run recorded (tenant `rollouts`,
+windowed rows as its RL phase reads them). Both are
 compiled first, then timed alternately; the best of `repeats` is reported with the ratio, the
 share of head positions that carry a gradient, and the machine load.
 
@@ -40,8 +46,11 @@ class BenchConfig:
     repeats: timed iterations per path, alternating (the best is reported).
     turns: rows (LLM calls) per trajectory.
     seed: batch and model seed.
-    compare: "heads" (heads at all positions vs the action tokens) or "fused" (step-by-step
-      iteration vs the fused one).
+    compare: "heads" (heads at all positions vs the action tokens), "fused" (step-by-step
+      iteration vs the fused one) or "pack" (padded rows vs packed rows).
+    atdp: an `experiments.alfworld_sao` run's ATDP store: the batch is its first `episodes`
+      RL episodes (tenant `rollouts`) in `rows` x `seq_len` windowed rows ("": synthetic).
+    episodes: episodes in a batch read from `atdp` (the tiny preset's 6 a policy version).
     """
 
     rows: int = 128
@@ -50,6 +59,8 @@ class BenchConfig:
     turns: int = 8
     seed: int = 0
     compare: str = "heads"
+    atdp: str = ""
+    episodes: int = 6
 
 
 def windowed_batch(config: BenchConfig, vocab_size: int) -> dict[str, np.ndarray]:
@@ -85,6 +96,25 @@ def windowed_batch(config: BenchConfig, vocab_size: int) -> dict[str, np.ndarray
         "traj_index": traj_index,
         "turn_index": turn_index,
     }
+
+
+def recorded_batch(config: BenchConfig) -> dict[str, np.ndarray]:
+    """The first `episodes` RL episodes of a recorded run, as the RL phase's loader reads them."""
+    from atdp_io import AtdpStore
+    from atdp_io.loader import AtdpLoader, LoaderConfig
+
+    loader = AtdpLoader(
+        AtdpStore.open(config.atdp),
+        ["rollouts"],
+        principal="rollouts",
+        config=LoaderConfig(
+            rows=config.rows,
+            seq_len=config.seq_len,
+            layout="windowed",
+            max_trajectories=config.episodes,
+        ),
+    )
+    return next(iter(loader.epoch(shuffle=False)))
 
 
 def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
@@ -128,7 +158,7 @@ def main(argv: list[str]) -> None:
 
     experiment = dataclasses.replace(tiny(), seed=config.seed)
     tokenizer = build_tokenizer(experiment)
-    batch = windowed_batch(config, tokenizer.vocab_size)
+    batch = recorded_batch(config) if config.atdp else windowed_batch(config, tokenizer.vocab_size)
     learner_config = dataclasses.replace(experiment.learner, critic_warmup_steps=0)
     if config.compare == "heads":
         variants = {
@@ -142,8 +172,13 @@ def main(argv: list[str]) -> None:
             )
             for path in ("stepwise", "fused")
         }
+    elif config.compare == "pack":
+        variants = {
+            name: dataclasses.replace(learner_config, pack_rows=name == "packed")
+            for name in ("padded", "packed")
+        }
     else:
-        raise ValueError(f"compare must be 'heads' or 'fused', got {config.compare!r}")
+        raise ValueError(f"compare must be 'heads', 'fused' or 'pack', got {config.compare!r}")
     learners = {
         name: Learner(cfg, build_model(experiment, tokenizer))  # same weights (seeded), own buffers
         for name, cfg in variants.items()
@@ -151,6 +186,11 @@ def main(argv: list[str]) -> None:
     capacity = objectives.action_capacity_for(batch["loss_mask"])
     num_actions = int((batch["loss_mask"][:, 1:] != 0).sum())
     r, t = batch["tokens"].shape
+    real_tokens = int((batch["segment_ids"] != 0).sum())
+    backbone_positions = {
+        name: learner._device_batch(batch).get("packed_tokens", batch["tokens"]).size
+        for name, learner in learners.items()
+    }
     model = next(iter(learners.values())).model_config
     head_positions = {
         name: r * t if learner.config.head_positions == "all" else r * capacity
@@ -159,7 +199,8 @@ def main(argv: list[str]) -> None:
     print(
         f"model: {model.num_layers} layers, d_model {model.d_model}, "
         f"{model.num_experts} experts, vocab {model.vocab_size}; "
-        f"batch {r} x {t}, {num_actions} action tokens (K = {capacity} per row); "
+        f"batch {r} x {t}, {real_tokens} real tokens in {int((batch['traj_index'] >= 0).sum())} "
+        f"rows, {num_actions} action tokens (K = {capacity} per row); "
         f"critic_steps {learner_config.critic_steps}",
         flush=True,
     )
@@ -178,17 +219,18 @@ def main(argv: list[str]) -> None:
             times[where].append(time.perf_counter() - start)
     best = {where: min(ts) for where, ts in times.items()}
     first, second = learners
-    label = "heads at" if config.compare == "heads" else "iteration"
+    label = {"heads": "heads at", "fused": "iteration", "pack": "rows"}[config.compare]
     print(
-        f"\n| {label:9} | head positions | with signal | GFLOP / iteration | "
-        f"s / iteration (best of {config.repeats}) |"
+        f"\n| {label:9} | backbone positions | real tokens | head positions | with signal | "
+        f"GFLOP / iteration | s / iteration (best of {config.repeats}) |"
     )
-    print("|-----------|---------------:|------------:|------------------:|------------:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for where in learners:
         share = num_actions / head_positions[where]
         print(
-            f"| {where:9} | {head_positions[where]:14,} | {share:10.1%} | "
-            f"{flops[where] / 1e9:17.1f} | {best[where]:11.3f} |"
+            f"| {where:9} | {backbone_positions[where]:18,} | "
+            f"{real_tokens / backbone_positions[where]:10.1%} | {head_positions[where]:14,} | "
+            f"{share:10.1%} | {flops[where] / 1e9:17.1f} | {best[where]:11.3f} |"
         )
     print(
         f"\n{first} / {second}: {best[first] / best[second]:.2f}x faster per iteration, "

@@ -236,6 +236,8 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         load_balance_loss_weight=config.learner.load_balance_loss_weight,
         router_z_loss_weight=config.learner.router_z_loss_weight,
         context_weight=spec.context_weight,
+        pack_rows=config.learner.pack_rows,
+        pack_row_multiple=config.learner.pack_row_multiple,
         mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
     cloner.trained_on = run.trained_on  # the demos and relabels go into the warm start's lineage

@@ -104,6 +104,12 @@ class LearnerConfig:
       opd_beta: gate sharpness of the gated OPD form.
       opd_mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
       opd_clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
+      pack_rows: run the backbone on the batch's real tokens only, its rows packed several
+        to a row of the batch's length (`sao_jax.train.packing`; results are read back in the
+        batch's own layout, so losses and advantages are unchanged); False: every row as the
+        loader padded it.
+      pack_row_multiple: the packed row count is rounded up to a multiple of this (each count
+        is a compiled shape: larger multiples compile fewer programs, smaller ones pad less).
       fused_iteration: run an iteration as one compiled program (values, advantages, the
         policy step(s) and the critic steps under `lax.scan`); False: the step-by-step
         reference path (`prepare`, each policy step, each critic step jitted apart and
@@ -143,11 +149,14 @@ class LearnerConfig:
     opd_beta: float = 5.0
     opd_mode: str = "gated"
     opd_clip: float | None = None
+    pack_rows: bool = True
+    pack_row_multiple: int = 8
     fused_iteration: bool = True
 
     def __post_init__(self):
         get_algorithm(self.algorithm)
-        for name in ("critic_steps", "ppo_epochs", "group_size", "logprob_chunk_size"):
+        names = ("critic_steps", "ppo_epochs", "group_size", "logprob_chunk_size")
+        for name in (*names, "pack_row_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.head_positions not in ("actions", "all"):

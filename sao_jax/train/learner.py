@@ -30,7 +30,7 @@ from atdp_io.trained_on import TrainedOn
 from sao_jax.models import Critic, Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import advantages as adv_lib
-from sao_jax.train import objectives
+from sao_jax.train import objectives, packing
 from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
 from sao_jax.train.learner_steps import (
@@ -377,6 +377,10 @@ class Learner:
             rows = host["traj_index"].shape[0]
             offset = jax.process_index() * rows
             host["traj_index"] = np.where(host["traj_index"] >= 0, host["traj_index"] + offset, -1)
+        if self.config.pack_rows:
+            host.update(
+                packing.pack_for_placement(host, self.placement, self.config.pack_row_multiple)
+            )
         return self.placement.put_batch(host)
 
     # -- jitted functions -----------------------------------------------------------------------

@@ -56,6 +56,9 @@ _LOOP_ONLY_FIELDS = {
     "reset_optimizer_on_sync": False,
     "group_size": 1,
     "fused_iteration": True,
+    # packing shows in the batch's keys and shapes, which are part of the cache key
+    "pack_rows": True,
+    "pack_row_multiple": 8,
 }
 
 
@@ -166,15 +169,17 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         )
         return jax.lax.stop_gradient(logp)
 
-    def targets(critic_state, batch):
-        """Advantages (plus values and returns for GAE) and the batch statistics."""
+    def targets(critic_state, batch, values=None):
+        """Advantages (plus values and returns for GAE) and the batch statistics; `values`
+        [R, T]: the critic's predictions when the caller has them already."""
         mask = objectives.action_mask(batch)
         out = {}
         stats = batch_stats(batch, mask)
         valid = batch["traj_index"] >= 0
         if algorithm.advantage == "gae":
-            critic = nnx.merge(critic_graphdef, *critic_state)
-            values, _ = objectives.critic_values(critic, batch, action_capacity=capacity)
+            if values is None:
+                critic = nnx.merge(critic_graphdef, *critic_state)
+                values, _ = objectives.critic_values(critic, batch, action_capacity=capacity)
             values = jnp.where(mask > 0, values, 0.0)
             link = dict(
                 rewards=batch["rewards"],
@@ -260,7 +265,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
     if algorithm.uses_critic:
         critic_optimizer = make_optimizer(config.critic_optimizer)
 
-        def critic_update(params, frozen, opt_state, batch, returns, old_values):
+        def critic_update(params, frozen, opt_state, batch, returns, old_values, **kw):
             def loss_fn(p):
                 return objectives.value_loss(
                     nnx.merge(critic_graphdef, p, frozen),
@@ -270,6 +275,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                     value_clip=config.value_clip,
                     action_capacity=capacity,
                     **aux_weights,
+                    **kw,
                 )
 
             return guarded_update(loss_fn, critic_optimizer, params, opt_state)
@@ -299,17 +305,67 @@ def _build(spec: StepSpec) -> dict[str, Any]:
 
         fns["value_moments"] = place.jit(value_moments, (*critic_in, batch_sh), rep)
 
-    def critic_phase(critic_params, critic_frozen, critic_opt, prepared, batch):
+    def critic_phase(critic_params, critic_frozen, critic_opt, prepared, batch, steps=None):
         def step(params, opt_state):
             return critic_update(
                 params, critic_frozen, opt_state, batch, prepared["returns"], prepared["values"]
             )
 
-        return _repeat(step, config.critic_steps, critic_params, critic_opt)
+        steps = config.critic_steps if steps is None else steps
+        return _repeat(step, steps, critic_params, critic_opt)
+
+    # With Monte-Carlo critic targets (lambda = 1: V-free returns), the first critic step needs
+    # nothing from the batch's values, and its own forward pass computes exactly those values
+    # (the critic has not moved yet): the fused iteration takes them from there instead of a
+    # forward pass of its own (one critic forward of the 2K + 3 passes an SAO iteration runs).
+    reuse_first_critic_forward = algorithm.uses_critic and config.critic_lam == 1.0
+
+    def first_critic_step(critic_params, critic_frozen, critic_opt, batch):
+        """One critic step on V-free returns: (params, opt state, metrics, skipped, the values
+        [R, T] its forward pass computed before the update)."""
+        mask = objectives.action_mask(batch)
+        _, returns = adv_lib.linked_gae(
+            rewards=batch["rewards"],
+            values=jnp.zeros_like(mask),
+            mask=mask,
+            traj_index=batch["traj_index"],
+            turn_index=batch["turn_index"],
+            gamma=config.gamma,
+            lam=1.0,
+        )
+        params, opt_state, metrics = critic_update(
+            critic_params, critic_frozen, critic_opt, batch, returns, None, with_values=True
+        )
+        values = metrics.pop("values")
+        return params, opt_state, metrics, metrics["skipped"], values
+
+    def critic_first_then_rest(critic_state, batch):
+        """The first critic step and the batch's targets from its values; returns (prepared,
+        stats, rest) with `rest()` -> (params, opt state, last metrics, skipped) after the
+        remaining K - 1 critic steps (called after the policy step, which reads `prepared`)."""
+        critic_params, critic_frozen, critic_opt = critic_state
+        critic_params, critic_opt, first_metrics, first_skipped, values = first_critic_step(
+            critic_params, critic_frozen, critic_opt, batch
+        )
+        prepared, stats = targets(None, batch, values=values)
+
+        def rest():
+            if config.critic_steps == 1:
+                return critic_params, critic_opt, first_metrics, first_skipped
+            params, opt, metrics, skipped = critic_phase(
+                critic_params, critic_frozen, critic_opt, prepared, batch,
+                steps=config.critic_steps - 1,
+            )  # fmt: skip
+            return params, opt, metrics, skipped + first_skipped
+
+        return prepared, stats, rest
 
     def iteration(policy_params, policy_frozen, policy_opt, *rest):
         *critic_state, batch = rest
-        prepared, stats = targets(critic_state[:2], batch)
+        if reuse_first_critic_forward:
+            prepared, stats, finish_critic = critic_first_then_rest(critic_state, batch)
+        else:
+            prepared, stats = targets(critic_state[:2], batch)
         behaviour = behaviour_logprobs(policy_params, policy_frozen, batch)
 
         def step(params, opt_state):
@@ -323,10 +379,13 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         out = {"stats": stats, "policy": policy_metrics, "policy_skipped": policy_skipped}
         if not algorithm.uses_critic:
             return policy_params, policy_opt, out
-        critic_params, critic_frozen, critic_opt = critic_state
-        critic_params, critic_opt, critic_metrics, critic_skipped = critic_phase(
-            critic_params, critic_frozen, critic_opt, prepared, batch
-        )
+        if reuse_first_critic_forward:
+            critic_params, critic_opt, critic_metrics, critic_skipped = finish_critic()
+        else:
+            critic_params, critic_frozen, critic_opt = critic_state
+            critic_params, critic_opt, critic_metrics, critic_skipped = critic_phase(
+                critic_params, critic_frozen, critic_opt, prepared, batch
+            )
         out.update(critic=critic_metrics, critic_skipped=critic_skipped)
         return policy_params, policy_opt, critic_params, critic_opt, out
 
@@ -341,10 +400,16 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         )
 
         def warmup_iteration(critic_params, critic_frozen, critic_opt, batch):
-            prepared, stats = targets((critic_params, critic_frozen), batch)
-            critic_params, critic_opt, critic_metrics, critic_skipped = critic_phase(
-                critic_params, critic_frozen, critic_opt, prepared, batch
-            )
+            if reuse_first_critic_forward:
+                _, stats, finish_critic = critic_first_then_rest(
+                    (critic_params, critic_frozen, critic_opt), batch
+                )
+                critic_params, critic_opt, critic_metrics, critic_skipped = finish_critic()
+            else:
+                prepared, stats = targets((critic_params, critic_frozen), batch)
+                critic_params, critic_opt, critic_metrics, critic_skipped = critic_phase(
+                    critic_params, critic_frozen, critic_opt, prepared, batch
+                )
             out = {"stats": stats, "critic": critic_metrics, "critic_skipped": critic_skipped}
             return critic_params, critic_opt, out
 

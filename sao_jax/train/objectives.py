@@ -13,6 +13,10 @@ action tokens. On the action tokens the values are those of the full path. A row
 K action tokens makes the results NaN (never a silently dropped token); the learner picks K from
 each batch (`action_capacity_for`), so that cannot happen there. `action_capacity=None` runs the
 heads everywhere (the reference path; behaviour cloning's context NLL needs it).
+
+Packed batches (`sao_jax.train.packing`): when a batch carries a packed grid, the backbone runs
+on it and its outputs are read back at the batch's own [R, T] positions, so every function here
+returns the same [R, T] results either way.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import numpy as np
 from flax import struct
 
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
-from sao_jax.models import Critic, MoeAux, Transformer
-from sao_jax.models.logprobs import scatter_positions
+from sao_jax.models import Backbone, Critic, MoeAux, Transformer
+from sao_jax.models.logprobs import scatter_positions, take_positions
+from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -117,19 +122,24 @@ def policy_logprobs(
     `action_capacity` K: the LM head runs on the action tokens only (at most K per row, see the
     module docstring) and logp / entropy are 0 off them; None: at every position.
     """
-    out = policy.forward(
-        batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
-    )
-    targets = jnp.roll(batch["tokens"], -1, axis=1)
+    out = backbone(policy, batch)
     if action_capacity is None:
+        targets = jnp.roll(packed_inputs(batch)[0], -1, axis=1)
         logp, entropy = policy.token_logprobs(out.hidden, targets, chunk_size=chunk_size)
-        return _shift_right(logp), _shift_right(entropy), out.aux
+        return unpack(batch, _shift_right(logp)), unpack(batch, _shift_right(entropy)), out.aux
     at = action_positions(action_mask(batch), action_capacity)
-    logp, entropy = policy.token_logprobs(
-        out.hidden, targets, chunk_size=chunk_size, at=at.predictors
-    )
+    # the hidden state before each action token predicts it
+    hidden = gather_hidden(batch, out.hidden, at.predictors)
+    targets = take_positions(batch["tokens"], at.index)
+    logp, entropy = policy.token_logprobs(hidden, targets, chunk_size=chunk_size)
     length = batch["tokens"].shape[1]
     return at.to_rows(logp, length), at.to_rows(entropy, length), out.aux
+
+
+def backbone(model: Backbone, batch: Batch):
+    """The model's `forward` over the batch's tokens (its packed grid when it carries one)."""
+    tokens, positions, segment_ids = packed_inputs(batch)
+    return model.forward(tokens, positions=positions, segment_ids=segment_ids)
 
 
 def critic_values(
@@ -140,13 +150,13 @@ def critic_values(
     `action_capacity` K: the value head runs on the action tokens only and values are 0 off
     them (action-only GAE and the value loss read nothing else); None: at every position.
     """
-    inputs = dict(positions=batch["positions"], segment_ids=batch["segment_ids"])
+    out = backbone(critic, batch)
     if action_capacity is None:
-        values, aux = critic.values_and_aux(batch["tokens"], **inputs)
-        return _shift_right(values), aux
+        values = critic.value_from_hidden(out.hidden)
+        return unpack(batch, _shift_right(values)), out.aux
     at = action_positions(action_mask(batch), action_capacity)
-    values, aux = critic.values_and_aux(batch["tokens"], **inputs, at=at.predictors)
-    return at.to_rows(values, batch["tokens"].shape[1]), aux
+    values = critic.value_from_hidden(gather_hidden(batch, out.hidden, at.predictors))
+    return at.to_rows(values, batch["tokens"].shape[1]), out.aux
 
 
 def aux_loss(aux: MoeAux, load_balance_weight: float, z_weight: float) -> jax.Array:
@@ -217,11 +227,20 @@ def value_loss(
     load_balance_weight: float,
     z_weight: float,
     action_capacity: int | None = None,
+    with_values: bool = False,
 ) -> tuple[jax.Array, Metrics]:
     """`sao_value_loss` of the critic on [R, T] `returns` (optionally clipped around
-    `old_values`) plus the critic's own MoE aux loss (`action_capacity`: see `critic_values`)."""
+    `old_values`) plus the critic's own MoE aux loss (`action_capacity`: see `critic_values`).
+
+    `old_values` None with a `value_clip`: clip around this forward's own values (the first
+    step on a batch, whose targets came before any update). `with_values`: the metrics also
+    hold `values` [R, T], this forward's predictions (stop-gradient): the learner reads the
+    batch's values off its first critic step instead of running the critic once more.
+    """
     mask = action_mask(batch)
     values, aux = critic_values(critic, batch, action_capacity=action_capacity)
+    if value_clip is not None and old_values is None:
+        old_values = jax.lax.stop_gradient(values)
     loss, metrics = sao_value_loss(
         values,
         returns,
@@ -230,6 +249,8 @@ def value_loss(
         value_clip=value_clip,
     )
     metrics = dict(metrics)
+    if with_values:
+        metrics["values"] = jax.lax.stop_gradient(values)
     metrics.update(load_balance_loss=aux.load_balance_loss, router_z_loss=aux.router_z_loss)
     return loss + aux_loss(aux, load_balance_weight, z_weight), metrics
 
@@ -247,10 +268,7 @@ def value_head_moments(
     """
     mask = action_mask(batch)
     at = action_positions(mask, action_capacity or mask.shape[1])
-    out = critic.forward(
-        batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
-    )
-    hidden = jnp.take_along_axis(out.hidden, at.predictors[..., None], axis=1)
+    hidden = gather_hidden(batch, backbone(critic, batch).hidden, at.predictors)
     weight = at.valid.astype(jnp.float32)
     target = jnp.take_along_axis(returns.astype(jnp.float32), at.index, axis=1)
     features = jnp.concatenate(

@@ -119,6 +119,13 @@ class Placement:
     def rows(self, shape: tuple[int, ...]) -> Any:
         return None if self.mesh is None else batch_sharding(self.mesh, shape, self.rules)
 
+    def row_shards(self) -> int:
+        """How many blocks the batch axis is split into across the mesh (1 without one)."""
+        if self.mesh is None:
+            return 1
+        devices = self.mesh.devices.size
+        return devices // self.rows((devices,)).shard_shape((devices,))[0]
+
     def batch(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
         return None if self.mesh is None else {k: self.rows(s) for k, s in shapes.items()}
 

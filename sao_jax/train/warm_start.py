@@ -21,6 +21,7 @@ from sao_jax.models import Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import objectives
 from sao_jax.train.config import OptimizerConfig
+from sao_jax.train.packing import pack_for_placement, unpack
 from sao_jax.train.partition import split_trainable
 from sao_jax.train.steps import BATCH_KEYS, Placement, guarded_update, make_optimizer
 
@@ -37,6 +38,9 @@ class BehaviourCloner:
       load_balance_loss_weight, router_z_loss_weight: MoE aux loss weights.
       context_weight: weight of the NLL of non-action tokens (0: actions only), see
         `objectives.behaviour_cloning_loss`.
+      pack_rows, pack_row_multiple: run the backbone on the batches' real tokens only, rows
+        packed (`sao_jax.train.packing`; the same loss and metrics as unpacked); the packed row
+        count is rounded up to a multiple of `pack_row_multiple` (one compiled step per count).
       mesh, rules: optional device mesh and logical-axis rules.
     """
 
@@ -50,6 +54,8 @@ class BehaviourCloner:
         router_z_loss_weight: float = 1e-3,
         chunk_size: int = 256,
         context_weight: float = 0.0,
+        pack_rows: bool = True,
+        pack_row_multiple: int = 8,
         mesh: jax.sharding.Mesh | None = None,
         rules: LogicalRules | None = None,
     ):
@@ -68,6 +74,7 @@ class BehaviourCloner:
             "context_weight": context_weight,
         }
         self._chunk_size = chunk_size
+        self._pack_row_multiple = pack_row_multiple if pack_rows else None
         # Everything the compiled step depends on: cloners of one setup share executables.
         self._key = (
             self._graphdef,
@@ -93,7 +100,7 @@ class BehaviourCloner:
         missing = [k for k in BATCH_KEYS if k not in batch]
         if missing:
             raise ValueError(f"BehaviourCloner: batch lacks {missing}")
-        device_batch = self.placement.put_batch({k: np.asarray(batch[k]) for k in BATCH_KEYS})
+        device_batch = self._device_batch(batch)
         shapes = tuple(sorted((k, tuple(v.shape)) for k, v in device_batch.items()))
         key = (self._key, shapes)
         if key not in _COMPILED:
@@ -116,7 +123,7 @@ class BehaviourCloner:
         totals = np.zeros(3)  # nll sum, correct tokens, action tokens
         replies = np.zeros(2)  # replies, wrong replies
         for batch in batches:
-            device_batch = self.placement.put_batch({k: np.asarray(batch[k]) for k in BATCH_KEYS})
+            device_batch = self._device_batch(batch)
             shapes = tuple(sorted((k, tuple(v.shape)) for k, v in device_batch.items()))
             key = (self._key, "evaluate", shapes)
             if key not in _COMPILED:
@@ -132,6 +139,12 @@ class BehaviourCloner:
             "action_accuracy": float(1.0 - replies[1] / max(replies[0], 1.0)),
             "replies": float(replies[0]),
         }
+
+    def _device_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        host = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
+        if self._pack_row_multiple is not None:
+            host.update(pack_for_placement(host, self.placement, self._pack_row_multiple))
+        return self.placement.put_batch(host)
 
     def run(self, batches: Iterator[Mapping[str, np.ndarray]], num_steps: int, callback=None):
         """`num_steps` steps over `batches`; `callback(step, metrics)` after each. Returns the
@@ -205,10 +218,8 @@ def imitation_counts(policy: Transformer, batch: Mapping[str, jax.Array]) -> dic
     at least one wrong token).
     """
     mask = objectives.action_mask(batch) > 0  # [R, T]; column t is predicted from t - 1
-    out = policy.forward(
-        batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"]
-    )
-    logits = policy.logits(out.hidden)[:, :-1]  # [R, T-1, V]: predictions of tokens 1..T-1
+    hidden = unpack(batch, objectives.backbone(policy, batch).hidden)  # [R, T, D]
+    logits = policy.logits(hidden)[:, :-1]  # [R, T-1, V]: predictions of tokens 1..T-1
     targets = batch["tokens"][:, 1:]
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]

@@ -1,0 +1,205 @@
+"""Packed rows: the backbone runs on a batch's real tokens only, several rows to a packed row.
+
+A loader batch is `[R, T]` with one LLM call (windowed) or one trajectory (concat) per row,
+left-aligned and padded to T. In an RL batch of the tiny ALFWorld preset about half of the
+positions are padding (prompts of 100-200 tokens in rows of 224) and whole rows are empty (a
+version's episodes fill 60-90 of 128 rows), yet the transformer computes every position.
+
+Packing places the rows' real tokens one after another in `R_p` packed rows of `T_p` positions
+(first-fit decreasing), each row a segment of its own: tokens attend only within their segment
+(`segment_ids`) and positions restart with it, so every token sees exactly the context it had
+in its own row. Only the backbone runs on the packed grid; its outputs are read back in the
+batch's own `[R, T]` coordinates (`gather_hidden`, `unpack`), so losses, advantages and metrics
+are computed exactly as without packing (same values up to float summation order).
+
+This is verl's "remove padding" / MaxText's packing with segment ids, with the unpacking map kept
+next to the batch instead of packing the loader's rows themselves: the advantage math, which
+links a trajectory's rows in turn order, never sees the packed layout.
+
+Host side (numpy): `plan_packing` and `pack_batch` build the `PACK_KEYS` arrays. Device side
+(traced): `packed_inputs`, `gather_hidden`, `unpack`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if TYPE_CHECKING:
+    from sao_jax.train.steps import Placement
+
+PACK_KEYS = ("packed_tokens", "packed_positions", "packed_segment_ids", "pack_row", "pack_offset")
+
+
+def row_lengths(segment_ids: np.ndarray) -> np.ndarray:
+    """[R] tokens each row must keep: up to and including its last non-padding token."""
+    real = np.asarray(segment_ids) != 0
+    last = real.shape[1] - np.argmax(real[:, ::-1], axis=1)
+    return np.where(real.any(axis=1), last, 0).astype(np.int64)
+
+
+def plan_packing(
+    lengths: np.ndarray, packed_len: int, *, row_multiple: int = 1, min_rows: int = 0
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """First-fit decreasing of rows of `lengths` into packed rows of `packed_len` positions.
+
+    Args:
+      lengths: [R] tokens of each row (0: an empty row, placed nowhere).
+      packed_len: T_p, positions per packed row; every length must fit.
+      row_multiple: the packed row count is rounded up to a multiple of this (a few compiled
+        shapes instead of one per batch; a multiple of the row shards under a mesh).
+      min_rows: at least this many packed rows (several processes agree on one count).
+    Returns:
+      (pack_row [R] int32, pack_offset [R] int32, packed_rows): row r's tokens go to packed row
+      `pack_row[r]` starting at column `pack_offset[r]`; empty rows get (0, 0).
+    """
+    lengths = np.asarray(lengths, np.int64)
+    if row_multiple < 1:
+        raise ValueError(f"row_multiple must be >= 1, got {row_multiple}")
+    if lengths.size and lengths.max() > packed_len:
+        raise ValueError(
+            f"plan_packing: a row of {int(lengths.max())} tokens does not fit packed rows of "
+            f"{packed_len}"
+        )
+    pack_row = np.zeros(lengths.shape, np.int32)
+    pack_offset = np.zeros(lengths.shape, np.int32)
+    used: list[int] = []  # tokens placed in each packed row so far
+    for r in np.argsort(-lengths, kind="stable"):
+        n = int(lengths[r])
+        if n == 0:
+            break  # sorted: only empty rows follow
+        bin_index = next(
+            (i for i, filled in enumerate(used) if filled + n <= packed_len), len(used)
+        )
+        if bin_index == len(used):
+            used.append(0)
+        pack_row[r], pack_offset[r] = bin_index, used[bin_index]
+        used[bin_index] += n
+    count = max(len(used), min_rows, 1)
+    count = -(-count // row_multiple) * row_multiple
+    return pack_row, pack_offset, count
+
+
+def pack_batch(
+    batch: Mapping[str, np.ndarray],
+    *,
+    packed_len: int | None = None,
+    row_multiple: int = 1,
+    min_rows: int = 0,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """The `PACK_KEYS` arrays of a loader batch (`tokens`, `positions`, `segment_ids` [R, T]).
+
+    Each row keeps its own positions and becomes its own segment(s): a row's segment s becomes
+    segment `slot * (S + 1) + s` of its packed row (S the batch's largest segment id, slot the
+    row's order in its packed row), so no two rows of a packed row share a segment.
+
+    Returns `packed_tokens`, `packed_positions`, `packed_segment_ids` [R_p, T_p] int32 and
+    `pack_row`, `pack_offset` [R] int32 (see `plan_packing`); T_p = `packed_len` (default T).
+    """
+    tokens = np.asarray(batch["tokens"])
+    segment_ids = np.asarray(batch["segment_ids"])
+    positions = np.asarray(batch["positions"])
+    rows, length = tokens.shape
+    packed_len = length if packed_len is None else packed_len
+    lengths = row_lengths(segment_ids)
+    pack_row, pack_offset, count = plan_packing(
+        lengths, packed_len, row_multiple=row_multiple, min_rows=min_rows
+    )
+    packed_tokens = np.full((count, packed_len), pad_id, np.int32)
+    packed_positions = np.zeros((count, packed_len), np.int32)
+    packed_segments = np.zeros((count, packed_len), np.int32)
+    stride = int(segment_ids.max(initial=0)) + 1
+    slots = np.zeros(count, np.int64)
+    for r in range(rows):
+        n = int(lengths[r])
+        if n == 0:
+            continue
+        p, start = pack_row[r], pack_offset[r]
+        packed_tokens[p, start : start + n] = tokens[r, :n]
+        packed_positions[p, start : start + n] = positions[r, :n]
+        seg = segment_ids[r, :n]
+        packed_segments[p, start : start + n] = np.where(seg > 0, slots[p] * stride + seg, 0)
+        slots[p] += 1
+    return {
+        "packed_tokens": packed_tokens,
+        "packed_positions": packed_positions,
+        "packed_segment_ids": packed_segments,
+        "pack_row": pack_row,
+        "pack_offset": pack_offset,
+    }
+
+
+def packed_fraction(batch: Mapping[str, np.ndarray]) -> float:
+    """Share of the packed grid's positions that hold real tokens (host side)."""
+    segments = np.asarray(batch["packed_segment_ids"])
+    return float((segments != 0).mean()) if segments.size else 0.0
+
+
+def pack_for_placement(
+    host: Mapping[str, np.ndarray], placement: Placement, row_multiple: int
+) -> dict[str, np.ndarray]:
+    """`pack_batch` of this process's rows, shaped for `placement`: the packed row count
+    is a multiple of `row_multiple` and of this process's row shards, the same on every process
+    (an exchange with several), and `pack_row` indexes the global packed grid."""
+    processes = jax.process_count()
+    multiple = math.lcm(row_multiple, max(1, placement.row_shards() // processes))
+    lengths = row_lengths(host["segment_ids"])
+    length = np.shape(host["tokens"])[1]
+    _, _, count = plan_packing(lengths, length, row_multiple=multiple)
+    if processes > 1:
+        from sao_jax.distributed.host_sync import allgather_numbers
+
+        count = int(allgather_numbers([count]).max())
+    packed = pack_batch(host, row_multiple=multiple, min_rows=count)
+    if processes > 1:
+        packed["pack_row"] = packed["pack_row"] + jax.process_index() * count
+    return packed
+
+
+# -- device side --------------------------------------------------------------------------------
+
+
+def is_packed(batch: Mapping[str, jax.Array]) -> bool:
+    return "packed_tokens" in batch
+
+
+def packed_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(tokens, positions, segment_ids) the backbone runs on: the packed grid when the batch
+    carries one, else the batch's own rows."""
+    if is_packed(batch):
+        return batch["packed_tokens"], batch["packed_positions"], batch["packed_segment_ids"]
+    return batch["tokens"], batch["positions"], batch["segment_ids"]
+
+
+def _flat_index(batch: Mapping[str, jax.Array], index: jax.Array) -> jax.Array:
+    """[R, K] columns of the batch's rows -> [R, K] indices into the flattened packed grid."""
+    packed = batch["packed_tokens"]
+    flat = batch["pack_row"][:, None] * packed.shape[1] + batch["pack_offset"][:, None] + index
+    return jnp.clip(flat, 0, packed.size - 1)
+
+
+def gather_hidden(batch: Mapping[str, jax.Array], hidden: jax.Array, index: jax.Array) -> jax.Array:
+    """Backbone outputs [R_p, T_p, D] (or [R, T, D] unpacked) at columns `index` [R, K] of the
+    batch's rows -> [R, K, D]. Columns past a row's tokens read some other position: mask them."""
+    if not is_packed(batch):
+        return jax.vmap(lambda row, i: row[i])(hidden, index)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return jnp.take(flat, _flat_index(batch, index), axis=0)
+
+
+def unpack(batch: Mapping[str, jax.Array], packed: jax.Array) -> jax.Array:
+    """Per-position results on the packed grid [R_p, T_p, ...] -> the batch's rows [R, T, ...]
+    (positions past a row's tokens hold another position's value: mask them). Unpacked input
+    is returned as it is."""
+    if not is_packed(batch):
+        return packed
+    rows, length = batch["tokens"].shape
+    columns = jnp.broadcast_to(jnp.arange(length), (rows, length))
+    flat = packed.reshape(-1, *packed.shape[2:])
+    return jnp.take(flat, _flat_index(batch, columns), axis=0)
