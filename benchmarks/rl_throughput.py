@@ -6,10 +6,13 @@ publishes weights that the workers pick up: `experiments.alfworld_run.reinforcem
 on a `Run` of `experiments.alfworld_setup`, with a randomly initialised model (no cloning:
 throughput, not success) and no critic warm-up. Two settings:
 
-- before: the rollout path without prefix caching, split prefill dispatches or the attention
-  window (`rollout.prefix_cache=false`, `Sampler.split_prefill / attention_window = False`),
-  `learner.head_positions=all`, `rollout.prompt_style=paper`, `rollout.decode_chunk=4`;
+- before: the tiny preset when the throughput issue was filed: the rollout path without prefix
+  caching, split prefill dispatches or the attention window (`rollout.prefix_cache=false`,
+  `Sampler.split_prefill / attention_window = False`), `learner.head_positions=all`,
+  `learner.pack_rows=false`, `learner.fused_iteration=false`, `rollout.prompt_style=paper`,
+  `rollout.decode_chunk=4`, the asynchronous schedule;
 - now: the tiny preset as it is;
+- unpacked (optional): now with `learner.pack_rows=false` (what packing alone brings);
 - uncached (optional, `settings=before,uncached,now`): now, but the rollout path of before
   (what the prefill savings alone bring in this pipeline);
 - nosplit (optional): now without split prefill dispatches (prefix caching and the attention
@@ -43,7 +46,7 @@ from sao_jax.config_cli import parse_cli
 from sao_jax.metrics import MetricsWriter, read_metrics
 from sao_jax.train import Learner
 
-SETTINGS = ("before", "uncached", "nosplit", "now")
+SETTINGS = ("before", "uncached", "nosplit", "unpacked", "now")
 
 
 @dataclasses.dataclass
@@ -54,8 +57,8 @@ class BenchConfig:
     repeats: measured segments per setting, alternating (the best is reported).
     envs_per_worker: KV-cache slots of the rollout worker (the preset's 16).
     seed: the run's seed (model init, games, sampling).
-    settings: comma-separated, from before, uncached, nosplit, now (the first is the ratios'
-      base).
+    settings: comma-separated, from before, uncached, nosplit, unpacked, now (the first is the
+      ratios' base).
     out_dir: scratch directory (deleted afterwards).
     """
 
@@ -87,21 +90,26 @@ class BenchConfig:
 def experiment_config(setting: str, bench: BenchConfig, out: Path):
     """The tiny preset, no cloning or critic warm-up, with `setting`'s overrides."""
     config = PRESETS["tiny"]
-    rollout, learner = config.rollout, config.learner
+    rollout, learner, rl = config.rollout, config.learner, config.rl
     if setting == "before":
         rollout = dataclasses.replace(
             rollout, prefix_cache=False, prompt_style="paper", decode_chunk=4
         )
-        learner = dataclasses.replace(learner, head_positions="all")
+        learner = dataclasses.replace(
+            learner, head_positions="all", pack_rows=False, fused_iteration=False
+        )
+        rl = dataclasses.replace(rl, asynchronous=True)
     elif setting == "uncached":
         rollout = dataclasses.replace(rollout, prefix_cache=False)
+    elif setting == "unpacked":
+        learner = dataclasses.replace(learner, pack_rows=False)
     return dataclasses.replace(
         config,
         out_dir=str(out),
         seed=bench.seed,
         rollout=rollout,
         learner=dataclasses.replace(learner, critic_warmup_steps=0),
-        rl=dataclasses.replace(config.rl, envs_per_worker=bench.envs_per_worker),
+        rl=dataclasses.replace(rl, envs_per_worker=bench.envs_per_worker),
         progress=False,
         tensorboard=False,
         checkpoint_every=10**9,

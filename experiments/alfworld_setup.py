@@ -70,9 +70,17 @@ def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Tr
 def resolve(config: ExperimentConfig) -> ExperimentConfig:
     """Games and sampling offset by `config.seed` (model init uses it directly); group
     algorithms (GRPO) play `learner.group_size` rollouts of each game, and at least one group
-    per policy version."""
+    per policy version; windowed rows fix the learner's head capacity at one reply."""
     rollout = dataclasses.replace(config.rollout, seed=config.rollout.seed + 1000 * config.seed)
-    rl = config.rl
+    rl, learner = config.rl, config.learner
+    if (
+        rollout.layout == "windowed"
+        and learner.head_positions == "actions"
+        and learner.max_action_tokens_per_row is None
+    ):
+        # a windowed row holds one reply of at most max_new_tokens tokens: one compiled head
+        # capacity for the whole run instead of one per bucket the batches happen to reach
+        learner = dataclasses.replace(learner, max_action_tokens_per_row=rollout.max_new_tokens)
     if get_algorithm(config.learner.algorithm).advantage == "group" and rollout.group_size == 1:
         rollout = dataclasses.replace(rollout, group_size=config.learner.group_size)
         rl = dataclasses.replace(
@@ -83,6 +91,7 @@ def resolve(config: ExperimentConfig) -> ExperimentConfig:
         env=dataclasses.replace(config.env, seed=config.env.seed + 1000 * config.seed),
         rollout=rollout,
         rl=rl,
+        learner=learner,
     )
 
 

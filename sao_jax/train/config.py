@@ -108,8 +108,9 @@ class LearnerConfig:
         to a row of the batch's length (`sao_jax.train.packing`; results are read back in the
         batch's own layout, so losses and advantages are unchanged); False: every row as the
         loader padded it.
-      pack_row_multiple: the packed row count is rounded up to a multiple of this (each count
-        is a compiled shape: larger multiples compile fewer programs, smaller ones pad less).
+      pack_row_multiple: the packed row count is rounded up to this multiple times one of
+        1, 2, 3, 4, 6, 8, 12, ... (`packing.bucket_rows`: each count is a compiled shape, so a
+        run compiles a few, at the price of at most a third of the packed rows padding).
       fused_iteration: run an iteration as one compiled program (values, advantages, the
         policy step(s) and the critic steps under `lax.scan`); False: the step-by-step
         reference path (`prepare`, each policy step, each critic step jitted apart and

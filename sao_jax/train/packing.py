@@ -51,8 +51,10 @@ def plan_packing(
     Args:
       lengths: [R] tokens of each row (0: an empty row, placed nowhere).
       packed_len: T_p, positions per packed row; every length must fit.
-      row_multiple: the packed row count is rounded up to a multiple of this (a few compiled
-        shapes instead of one per batch; a multiple of the row shards under a mesh).
+      row_multiple: the packed row count is rounded up to the next bucket of this multiple,
+        `row_multiple` x {1, 2, 3, 4, 6, 8, 12, ...} (`bucket_rows`: each count is a compiled
+        shape, so a run compiles two or three instead of one per batch, at most a third of
+        the rows padding; a multiple of the row shards under a mesh).
       min_rows: at least this many packed rows (several processes agree on one count).
     Returns:
       (pack_row [R] int32, pack_offset [R] int32, packed_rows): row r's tokens go to packed row
@@ -80,9 +82,21 @@ def plan_packing(
             used.append(0)
         pack_row[r], pack_offset[r] = bin_index, used[bin_index]
         used[bin_index] += n
-    count = max(len(used), min_rows, 1)
-    count = -(-count // row_multiple) * row_multiple
-    return pack_row, pack_offset, count
+    return pack_row, pack_offset, bucket_rows(max(len(used), min_rows, 1), row_multiple)
+
+
+def bucket_rows(count: int, multiple: int) -> int:
+    """The smallest of `multiple` x {1, 2, 3, 4, 6, 8, 12, 16, ...} (powers of two and 1.5x
+    them) that holds `count`: few distinct shapes, at most a third of them padding."""
+    if multiple < 1:
+        raise ValueError(f"row_multiple must be >= 1, got {multiple}")
+    units = -(-count // multiple)
+    power = 1
+    while power < units:
+        if power >= 2 and power * 3 // 2 >= units:
+            return power * 3 // 2 * multiple
+        power *= 2
+    return power * multiple
 
 
 def pack_batch(
@@ -145,7 +159,7 @@ def pack_for_placement(
     host: Mapping[str, np.ndarray], placement: Placement, row_multiple: int
 ) -> dict[str, np.ndarray]:
     """`pack_batch` of this process's rows, shaped for `placement`: the packed row count
-    is a multiple of `row_multiple` and of this process's row shards, the same on every process
+    is a bucket (`bucket_rows`) of a multiple of `row_multiple` and of this process's row shards, the same on every process
     (an exchange with several), and `pack_row` indexes the global packed grid."""
     processes = jax.process_count()
     multiple = math.lcm(row_multiple, max(1, placement.row_shards() // processes))

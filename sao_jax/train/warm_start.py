@@ -40,7 +40,8 @@ class BehaviourCloner:
         `objectives.behaviour_cloning_loss`.
       pack_rows, pack_row_multiple: run the backbone on the batches' real tokens only, rows
         packed (`sao_jax.train.packing`; the same loss and metrics as unpacked); the packed row
-        count is rounded up to a multiple of `pack_row_multiple` (one compiled step per count).
+        count is rounded up to a bucket of `pack_row_multiple` (`packing.bucket_rows`; one
+        compiled step per count).
       mesh, rules: optional device mesh and logical-axis rules.
     """
 

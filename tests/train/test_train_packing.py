@@ -55,7 +55,7 @@ def test_the_plan_places_every_row_once_within_capacity(lengths, multiple):
     used = used[used > 0]
     pairs = used[:, None] + used[None, :]
     assert (pairs[~np.eye(len(used), dtype=bool)] > 24).all()
-    assert count == max(1, -(-len(used) // multiple) * multiple) or len(used) == 0
+    assert count == packing.bucket_rows(max(len(used), 1), multiple)
 
 
 def test_the_plan_fills_bins_and_honours_multiples_and_minimums():
@@ -63,12 +63,25 @@ def test_the_plan_fills_bins_and_honours_multiples_and_minimums():
     assert count == 2  # 14 + 10 twice: perfect fit
     assert list(pack_offset[[2]]) == [0] and sorted(pack_offset[[0, 1, 3, 4]]) == [0, 0, 14, 14]
     assert packing.plan_packing(np.asarray([3]), 24, row_multiple=8)[2] == 8
-    assert packing.plan_packing(np.asarray([3]), 24, min_rows=5)[2] == 5
+    assert packing.plan_packing(np.asarray([3]), 24, min_rows=6)[2] == 6
     assert packing.plan_packing(np.zeros(4, np.int64), 24)[2] == 1  # an empty batch: one row
     with pytest.raises(ValueError, match="a row of 25 tokens does not fit packed rows of 24"):
         packing.plan_packing(np.asarray([25]), 24)
     with pytest.raises(ValueError, match="row_multiple must be >= 1"):
         packing.plan_packing(np.asarray([3]), 24, row_multiple=0)
+
+
+def test_row_buckets_are_multiples_of_powers_of_two_and_their_halves():
+    assert [packing.bucket_rows(c, 8) for c in (1, 8, 9, 17, 25, 33, 49, 65, 97, 129)] == [
+        8, 8, 16, 24, 32, 48, 64, 96, 128, 192,
+    ]  # fmt: skip
+    for count in range(1, 300):
+        bucket = packing.bucket_rows(count, 4)
+        assert bucket % 4 == 0 and count <= bucket
+        assert bucket <= 4 or bucket < 1.5 * count + 4  # at most a third of it padding (+ rounding)
+        assert packing.bucket_rows(bucket, 4) == bucket  # buckets are fixed points
+    with pytest.raises(ValueError, match="row_multiple must be >= 1"):
+        packing.bucket_rows(3, 0)
 
 
 def random_batch(seed: int, rows: int = 7, length: int = 24) -> dict[str, np.ndarray]:
