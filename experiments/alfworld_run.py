@@ -136,6 +136,7 @@ def _evaluate(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, splits) 
             "episodes": result.episodes,
             "avg_steps": result.avg_steps,
             "invalid_reply_rate": result.invalid_reply_rate,
+            "inadmissible_rate": result.inadmissible_rate,
             "by_task_type": {
                 t: row["success_rate"] for t, row in result.by_task_type.items() if row["episodes"]
             },
@@ -283,6 +284,7 @@ def reinforcement_learning(
                 "rollout/success_rate": stats["success_rate"],
                 "rollout/dropped_stale": stats["dropped_stale"],
                 "rollout/invalid_reply_rate": stats["invalid_reply_rate"],
+                "rollout/inadmissible_rate": stats["inadmissible_rate"],
             }
         )
         metrics.update({k: v for k, v in stats.items() if k.startswith("loader/")})

@@ -241,8 +241,9 @@ def tiny() -> ExperimentConfig:
     """The 2-core CPU demo: the tiny MoE preset with 4 experts on small games, ~20 minutes.
 
     Clone 2000 episodes of the observation-only search expert for 2 epochs (~1,080 steps, rows
-    sized to every demo, compact prompts), then 50 policy steps of SAO on the synchronous
-    schedule: where rollout and learner share two cores the overlap buys nothing, and
+    sized to every demo, compact prompts), then 50 policy steps of SAO on 12 episodes each (a
+    command the room does not admit costs -1) on the synchronous schedule: where rollout and
+    learner share two cores the overlap buys nothing, and
     synchronous RL was 1.46x faster with a smaller spread over seeds (experiments/README.md).
     `rl.asynchronous=true` overlaps them (the `small` preset does, for an accelerator).
     """
@@ -259,6 +260,9 @@ def tiny() -> ExperimentConfig:
             max_new_tokens=12,
             max_context_tokens=512,
             decode_chunk=8,
+            # a command the room does not admit costs a point: the cloned policy's unseen
+            # failures are mostly loops of such commands (experiments/README.md)
+            inadmissible_penalty=-1.0,
         ),
         env=EnvConfig(size="small", max_steps=20),
         learner=LearnerConfig(
@@ -271,8 +275,8 @@ def tiny() -> ExperimentConfig:
             policy_steps=50,
             asynchronous=False,  # 2 cores: see the docstring
             envs_per_worker=16,
-            episodes_per_version=6,
-            rows=128,
+            episodes_per_version=12,  # packed rows make the 256-row batch cheap
+            rows=256,
             seq_len=0,
             warmup_episodes=32,
         ),

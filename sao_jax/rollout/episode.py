@@ -106,6 +106,11 @@ class Episode:
         return sum(not t.valid_reply for t in self.turns)
 
     @property
+    def inadmissible_commands(self) -> int:
+        """Well-formed replies whose command the room does not admit ("Nothing happens.")."""
+        return sum(t.valid_reply and not t.admissible for t in self.turns)
+
+    @property
     def total_reward(self) -> float:
         return float(sum(t.env_reward + t.format_reward for t in self.turns))
 

@@ -22,7 +22,8 @@ from sao_jax.tokenizers import Tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-    """success_rate, avg_steps, invalid_reply_rate (per env step) and avg_reward over
+    """success_rate, avg_steps, invalid_reply_rate and inadmissible_rate (malformed replies and
+    well-formed commands the room does not admit, each per env step) and avg_reward over
     `episodes` games of `split`; by_task_type = {task type: {episodes, won, success_rate}}
     (types with no game in the evaluated subset have 0 episodes)."""
 
@@ -32,6 +33,7 @@ class EvalResult:
     by_task_type: dict[str, dict[str, float]]
     avg_steps: float
     invalid_reply_rate: float
+    inadmissible_rate: float
     avg_reward: float
     truncated_context: int
     policy_version: int
@@ -44,6 +46,7 @@ class EvalResult:
             f"{prefix}/success": self.success_rate,
             f"{prefix}/avg_steps": self.avg_steps,
             f"{prefix}/invalid_reply_rate": self.invalid_reply_rate,
+            f"{prefix}/inadmissible_rate": self.inadmissible_rate,
             f"{prefix}/avg_reward": self.avg_reward,
         }
         for task_type, row in self.by_task_type.items():
@@ -70,6 +73,7 @@ class EvalResult:
             by_task_type=totals["by_task_type"],
             avg_steps=totals["avg_steps"],
             invalid_reply_rate=totals["invalid_reply_rate"],
+            inadmissible_rate=totals["inadmissible_rate"],
             avg_reward=totals["avg_reward"],
             truncated_context=totals["truncated_context"],
             policy_version=parts[0].policy_version,
@@ -85,6 +89,7 @@ class EvalResult:
             "won": self.success_rate * self.episodes,
             "env_steps": steps,
             "invalid_replies": self.invalid_reply_rate * steps,
+            "inadmissible_commands": self.inadmissible_rate * steps,
             "avg_reward": self.avg_reward,
             "truncated_context": self.truncated_context,
             "by_task_type": self.by_task_type,
@@ -142,6 +147,7 @@ def evaluate(
         by_task_type=s["by_task_type"],
         avg_steps=s["avg_steps"],
         invalid_reply_rate=s["invalid_reply_rate"],
+        inadmissible_rate=s["inadmissible_rate"],
         avg_reward=s["avg_reward"],
         truncated_context=s["truncated_context"],
         policy_version=policy.policy_version,

@@ -14,7 +14,8 @@ class RolloutStats:
     """Accumulates finished episodes and named counters from any number of threads.
 
     `snapshot()` returns plain numbers: episodes, won, success_rate, env_steps, llm_calls,
-    generated_tokens, prompt_tokens, invalid_replies, invalid_reply_rate, avg_steps,
+    generated_tokens, prompt_tokens, invalid_replies, invalid_reply_rate, inadmissible_commands,
+    inadmissible_rate (well-formed commands the room does not admit, per env step), avg_steps,
     truncated_context, truncated_step_limit, dropped_stale, weight_syncs, rollout_seconds
     (0 until counted), every other counter given to `add`, and `by_task_type` = {task type: {episodes, won,
     success_rate}}.
@@ -41,6 +42,7 @@ class RolloutStats:
                 c["generated_tokens"] += episode.generated_tokens
                 c["prompt_tokens"] += sum(int(t.input_ids.shape[0]) for t in turns)
                 c["invalid_replies"] += episode.invalid_replies
+                c["inadmissible_commands"] += episode.inadmissible_commands
                 c["truncated_context"] += int(episode.truncated_by == "context")
                 c["truncated_step_limit"] += int(episode.truncated_by == "step_limit")
                 c["reward_sum"] += episode.total_reward
@@ -55,7 +57,7 @@ class RolloutStats:
         return _finish(counts, by_type)
 
 
-_RATES = ("success_rate", "avg_steps", "avg_reward", "invalid_reply_rate")
+_RATES = ("success_rate", "avg_steps", "avg_reward", "invalid_reply_rate", "inadmissible_rate")
 _LEVELS = ("policy_version",)  # the same clock on every engine: combined by max, not summed
 
 
@@ -92,6 +94,7 @@ def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
         "generated_tokens",
         "prompt_tokens",
         "invalid_replies",
+        "inadmissible_commands",
         "truncated_context",
         "truncated_step_limit",
         "dropped_stale",
@@ -103,6 +106,7 @@ def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
     counts["avg_steps"] = steps / episodes if episodes else 0.0
     counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
     counts["invalid_reply_rate"] = counts["invalid_replies"] / steps if steps else 0.0
+    counts["inadmissible_rate"] = counts["inadmissible_commands"] / steps if steps else 0.0
     counts["by_task_type"] = {
         t: {"episodes": n, "won": w, "success_rate": w / n if n else 0.0}
         for t, (n, w) in by_type.items()

@@ -31,6 +31,7 @@ def test_counts_match_the_greedy_episodes_of_the_first_games():
     assert result.success_rate == expected["success_rate"]
     assert result.avg_steps == expected["avg_steps"]
     assert result.invalid_reply_rate == expected["invalid_reply_rate"]
+    assert result.inadmissible_rate == expected["inadmissible_rate"]
     assert result.avg_reward == pytest.approx(expected["avg_reward"])
     metrics = result.metrics()
     assert metrics["eval/valid_seen/success"] == result.success_rate
@@ -39,7 +40,14 @@ def test_counts_match_the_greedy_episodes_of_the_first_games():
 
 def test_deterministic_and_greedy_whatever_the_sampling_settings():
     first, again = run(), run(rollout=rollout_config(temperature=1.3, top_k=5))
-    for field in ("success_rate", "by_task_type", "avg_steps", "invalid_reply_rate", "avg_reward"):
+    for field in (
+        "success_rate",
+        "by_task_type",
+        "avg_steps",
+        "invalid_reply_rate",
+        "inadmissible_rate",
+        "avg_reward",
+    ):
         assert getattr(first, field) == getattr(again, field)
 
 
@@ -60,13 +68,19 @@ def test_shards_of_the_games_combine_into_the_whole_evaluation():
     combined = EvalResult.combine(parts)
     assert combined.episodes == whole.episodes == 5
     assert combined.by_task_type == whole.by_task_type
-    for field in ("success_rate", "avg_steps", "invalid_reply_rate", "avg_reward"):
+    for field in (
+        "success_rate",
+        "avg_steps",
+        "invalid_reply_rate",
+        "inadmissible_rate",
+        "avg_reward",
+    ):
         assert getattr(combined, field) == pytest.approx(getattr(whole, field)), field
     assert combined.truncated_context == whole.truncated_context
 
 
 def test_combine_weights_by_episodes_and_steps():
-    def part(episodes, won, steps, invalid):
+    def part(episodes, won, steps, invalid, inadmissible=0):
         return EvalResult(
             split="valid_seen",
             episodes=episodes,
@@ -74,16 +88,18 @@ def test_combine_weights_by_episodes_and_steps():
             by_task_type={"pick_and_place_simple": {"episodes": episodes, "won": won}},
             avg_steps=steps / episodes,
             invalid_reply_rate=invalid / steps,
+            inadmissible_rate=inadmissible / steps,
             avg_reward=won * 10.0 / episodes,
             truncated_context=1,
             policy_version=3,
             wall_seconds=float(episodes),
         )
 
-    combined = EvalResult.combine([part(4, 1, 40, 4), part(1, 1, 2, 2)])
+    combined = EvalResult.combine([part(4, 1, 40, 4, 10), part(1, 1, 2, 2, 1)])
     assert combined.success_rate == pytest.approx(2 / 5)
     assert combined.avg_steps == pytest.approx(42 / 5)
     assert combined.invalid_reply_rate == pytest.approx(6 / 42)  # per step, not per episode
+    assert combined.inadmissible_rate == pytest.approx(11 / 42)
     assert combined.by_task_type["pick_and_place_simple"]["success_rate"] == pytest.approx(2 / 5)
     assert combined.avg_reward == pytest.approx(20 / 5)
     assert combined.truncated_context == 2 and combined.wall_seconds == 4.0
@@ -116,3 +132,24 @@ def test_rollout_stats_of_parts_combine_into_the_stats_of_the_whole():
     assert combined.pop("by_task_type") == expected.pop("by_task_type")
     for key, value in expected.items():
         assert combined[key] == pytest.approx(value), key
+
+
+def test_inadmissible_commands_are_well_formed_commands_the_room_refuses():
+    """A malformed reply counts as invalid, not inadmissible; an admitted command as neither."""
+    greedy = dataclasses.replace(rollout_config(), temperature=0.0)
+    envs = env_config(max_steps=2, split="valid_seen").make_envs(1)
+    episode = next(iter(AgentLoop(sampler(), tokenizer(), envs, greedy).play(range(1))))[0]
+    turn = episode.turns[0]
+    turns = [
+        dataclasses.replace(turn, valid_reply=True, admissible=False),
+        dataclasses.replace(turn, valid_reply=False, admissible=False),
+        dataclasses.replace(turn, valid_reply=True, admissible=True),
+    ]
+    episode = dataclasses.replace(episode, turns=turns)
+    assert episode.inadmissible_commands == 1 and episode.invalid_replies == 1
+    stats = RolloutStats()
+    stats.add_episodes([episode, episode])
+    snapshot = stats.snapshot()
+    assert snapshot["inadmissible_commands"] == 2
+    assert snapshot["inadmissible_rate"] == pytest.approx(2 / 6)
+    assert snapshot["invalid_reply_rate"] == pytest.approx(2 / 6)
