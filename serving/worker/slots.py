@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from serving.worker.constraints import TokenConstraint
 from serving.worker.generation import (
     Finished,
     GenerationHandle,
@@ -30,6 +31,7 @@ class Slot:
     admitted_at: float
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    sampled: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     delivered: int = 0
@@ -42,12 +44,23 @@ class Slot:
     def request(self) -> GenerationRequest:
         return self.handle.request
 
-    def extend(self, tokens: list[int], logprobs: list[float], version: int) -> bool:
-        """Append sampled tokens and decide whether the request is done. Returns True when a
-        stop string ended it while the sampler still had it active (the engine must then
-        deactivate the slot); tokens after the stop string are dropped."""
+    @property
+    def constraint(self) -> TokenConstraint | None:
+        return self.handle.constraint
+
+    def extend(
+        self, tokens: list[int], logprobs: list[float], version: int, sampled: list[float]
+    ) -> bool:
+        """Append sampled tokens (policy log-probs, sampled-distribution log-probs) and decide
+        whether the request is done. Returns True when a stop string ended it while the
+        sampler still had it active (the engine must then deactivate the slot); tokens after
+        the stop string are dropped."""
+        if self.constraint is not None:
+            for token in tokens:
+                self.constraint.consume(token)
         self.output.extend(tokens)
         self.logprobs.extend(logprobs)
+        self.sampled.extend(sampled)
         self.versions.extend([version] * len(tokens))
         max_tokens = self.request.max_tokens
         sampler_done = self.output[-1] in self.stop_ids or len(self.output) >= max_tokens
@@ -55,6 +68,7 @@ class Slot:
         self.text += delta
         if keep is not None:
             del self.output[keep:], self.logprobs[keep:], self.versions[keep:]
+            del self.sampled[keep:]
             self.finish, self.stop_reason = "stop", stop
         elif self.output[-1] in self.stop_ids:
             self.finish, self.stop_reason = "stop", self.output[-1]
@@ -104,6 +118,7 @@ class Slot:
                     self.versions[self.delivered : upto],
                     self.text,
                     top,
+                    self.sampled[self.delivered : upto],
                 )
             )
             self.delivered, self.text = upto, ""
