@@ -34,6 +34,17 @@ MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 8  # `n`: each choice is a sample holding a worker slot
 MAX_TOKENS_LIMIT = 2**31 - 1  # past it a value is a mistake, not a request to clamp
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# `reasoning_effort` as a thinking budget: tokens between <think> and </think> (None: no limit;
+# 0: no thinking at all).
+THINK_BUDGETS = {
+    "none": 0,
+    "minimal": 128,
+    "low": 512,
+    "medium": 2048,
+    "high": 8192,
+    "xhigh": 16384,
+    "max": None,
+}
 
 # Fields that shape the answer; every other field is accepted and recorded as ignored.
 _CHAT_FIELDS = {

@@ -32,7 +32,8 @@ def _json(schema: Mapping[str, Any]) -> str:
 
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     function = tool["function"]
-    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    # No parameters: the arguments are exactly {} (not any object).
+    parameters = function.get("parameters") or {"type": "object", "additionalProperties": False}
     return {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},
@@ -42,12 +43,13 @@ def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tag(tokenizer: Tokenizer, text: str) -> str:
-    """A special token by name (Lark's `<name>`: the one token, never its spelling in bytes),
-    or the quoted literal when the tokenizer has no such special token."""
+    """An added token by name (Lark's `<name>`: the one token, never its spelling in bytes;
+    llguidance treats every added token as special, whatever its `special` flag), or the
+    quoted literal when the tokenizer has no such token."""
     backend = getattr(tokenizer, "backend", None)
     if backend is not None:
         for token in backend.get_added_tokens_decoder().values():
-            if token.content == text and token.special:
+            if token.content == text:
                 return text
     return json.dumps(text)
 

@@ -27,7 +27,7 @@ from sao_jax.tokenizers import Tokenizer
 from serving.common import ids
 from serving.common.errors import ApiError, bad_request
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
-from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.common.openai_requests import THINK_BUDGETS, ChatRequest, CompletionRequest
 from serving.proxy import responses
 from serving.proxy.config import ProxyConfig
 from serving.proxy.grammars import output_grammar
@@ -224,6 +224,7 @@ class DataProxy:
         extra: dict[str, Any],
         index: int = 0,
         grammar: str | None = None,
+        think_budget: int | None = None,
     ):
         """The generation of sample `index` of `request.n`: a given seed is kept for sample 0
         and derived for the others, so every sample is replayable from its recorded seed."""
@@ -243,6 +244,7 @@ class DataProxy:
             timeout_s=self.config.request_timeout_s,
             extra=recorded,
             grammar=grammar,
+            think_budget=think_budget,
         )
 
     async def _start_samples(
@@ -302,6 +304,7 @@ class DataProxy:
         extra: dict[str, Any] = {"tool_choice": request.tool_choice}
         if request.reasoning_effort is not None:
             extra["reasoning_effort"] = request.reasoning_effort
+            extra["think_budget"] = THINK_BUDGETS[request.reasoning_effort]
         return extra
 
     async def chat(
@@ -317,7 +320,9 @@ class DataProxy:
             extra.update(response_format=request.response_format, grammar=grammar)
         records, plans = [], []
         for index in range(request.n):
-            generation, decoding = self._plan(input_ids, request, extra, index, grammar)
+            generation, decoding = self._plan(
+                input_ids, request, extra, index, grammar, extra.get("think_budget")
+            )
             interaction_id = ids.interaction_id("chatcmpl", call.session_id)
             records.append(
                 CallRecord(

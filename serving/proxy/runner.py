@@ -112,6 +112,7 @@ def plan_generation(
     timeout_s: float,
     extra: Mapping[str, Any],
     grammar: str | None = None,
+    think_budget: int | None = None,
 ) -> tuple[GenerationRequest, DecodingParams]:
     """(the worker request, the decoding parameters to record). 400 when the prompt leaves no
     room; max_tokens None, or above the rest of the context, means the rest of the context
@@ -139,6 +140,7 @@ def plan_generation(
         request_id=secrets.token_hex(8),
         timeout_s=timeout_s,
         grammar=grammar,
+        think_budget=think_budget,
     )
     recorded = DecodingParams(
         temperature=decoding.temperature,

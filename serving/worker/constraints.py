@@ -26,6 +26,10 @@ class GrammarCompiler:
     def __init__(self, tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]):
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
+        self.stop_mask = np.zeros((self.words,), np.uint32)
+        for token in stop_ids:
+            self.stop_mask[token // 32] |= np.uint32(1 << (token % 32))
+        self.stop_mask = self.stop_mask.view(np.int32)
         self.tokenizer = llguidance.LLTokenizer(
             tokenizer_json, n_vocab=vocab_size, eos_token=list(stop_ids)
         )
@@ -40,23 +44,28 @@ class GrammarCompiler:
             raise bad_request(f"cannot compile the output constraint: {error}") from None
         if matcher.is_error():
             raise bad_request(f"cannot compile the output constraint: {matcher.get_error()}")
-        return TokenConstraint(matcher, self.words)
+        return TokenConstraint(matcher, self.words, self.stop_mask)
 
 
 class TokenConstraint:
     """One request's grammar state: the next allowed ids, advanced token by token."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, words: int):
+    def __init__(self, matcher: llguidance.LLMatcher, words: int, stop_mask: np.ndarray):
         self.matcher = matcher
         self.words = words
+        self.stop_mask = stop_mask
 
     def bitmask(self) -> np.ndarray:
-        """[ceil(V / 32)] int32, bit i % 32 of word i // 32 set when id i may come next."""
+        """[ceil(V / 32)] int32, bit i % 32 of word i // 32 set when id i may come next. A
+        matcher in an error state (a broken grammar) allows only the stop tokens: the reply
+        ends rather than leaving the grammar."""
+        if self.matcher.is_error():
+            return self.stop_mask.copy()
         mask = np.zeros((self.words,), np.int32)
         bits = np.frombuffer(self.matcher.compute_bitmask(), np.int32)
         n = min(len(bits), self.words)
         mask[:n] = bits[:n]
-        return mask
+        return mask if mask.any() else self.stop_mask.copy()
 
     def consume(self, token: int) -> None:
         """Advance past a sampled token (the mask allowed it, so this cannot fail unless the

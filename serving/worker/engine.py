@@ -72,6 +72,9 @@ class GenerationEngine:
         self.vocab_size = sampler.config.vocab_size
         self._scorer = TopLogprobScorer(sampler)
         self._grammars: GrammarCompiler | None = None  # built at the first grammar request
+        think = (tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>"))
+        # A thinking budget needs both tags as single tokens; without them it is not applied.
+        self._think_ids = None if None in think else think
         self._deactivate = jax.jit(_deactivate, donate_argnums=0)
         self._cv = threading.Condition()
         self._pending: collections.deque[GenerationHandle] = collections.deque()
@@ -362,7 +365,10 @@ class GenerationEngine:
         for index, handle in admitted:
             stop_ids = frozenset(self._stop_ids(handle.request))
             tracker = TextTracker(self.tokenizer, handle.request.stop, stop_ids)
-            self._slots[index] = Slot(handle, stop_ids, tracker, admitted_at=now)
+            slot = Slot(handle, stop_ids, tracker, admitted_at=now)
+            if handle.request.think_budget is not None and self._think_ids is not None:
+                slot.start_budget(self._think_ids)
+            self._slots[index] = slot
             self.metrics.queue_seconds.observe(now - handle.submitted_at)
         rows = [
             (index, list(handle.request.input_ids), handle.request.max_tokens, handle.request.seed)
@@ -395,13 +401,14 @@ class GenerationEngine:
     def _token_mask(self, slots: list[Slot | None]) -> np.ndarray | None:
         """[len(slots), ceil(V / 32)] bitmask: each constrained slot's next allowed ids, every
         id for the others; None when no slot is constrained (the unmasked kernel runs)."""
-        live = [s is not None and s.live and s.constraint is not None for s in slots]
-        if not any(live):
+        words = (self.vocab_size + 31) // 32
+        rows = [s.next_mask(words) if s is not None and s.live else None for s in slots]
+        if all(row is None for row in rows):
             return None
-        mask = np.full((len(slots), (self.vocab_size + 31) // 32), -1, np.int32)
-        for row, (slot, constrained) in enumerate(zip(slots, live, strict=True)):
-            if constrained:
-                mask[row] = slot.constraint.bitmask()
+        mask = np.full((len(slots), words), -1, np.int32)
+        for index, row in enumerate(rows):
+            if row is not None:
+                mask[index] = row
         return mask
 
     def _decode(self, state: DecodeState) -> DecodeState:
@@ -409,8 +416,10 @@ class GenerationEngine:
         start = time.perf_counter()
         # A grammar's mask holds for one token: while a constrained reply runs, the batch
         # decodes one token per dispatch (the host computes the next masks in between).
-        mask = self._token_mask(self._slots)
-        steps = 1 if mask is not None else self.config.decode_steps
+        steps = self.config.decode_steps
+        if any(s is not None and s.needs_single_steps(steps) for s in self._slots):
+            steps = 1
+        mask = self._token_mask(self._slots) if steps == 1 else None
         state, tokens, logp, emitted, sampled = self.sampler.decode(
             state, steps, token_mask=mask, behaviour=True
         )

@@ -23,7 +23,9 @@ REPLACEMENT_CHAR = "\ufffd"  # what a byte-level decode shows for an unfinished 
 class GenerationRequest:
     """input_ids [P]; stop_token_ids None means the tokenizer's stop ids (EOS, <|im_end|>);
     grammar: a Lark grammar (llguidance dialect, see `constraints.py`) the output must match,
-    enforced by a token mask while sampling (None: unconstrained)."""
+    enforced by a token mask while sampling (None: unconstrained); think_budget: at most this
+    many tokens between <think> and </think> (</think> is forced then; 0: <think> is never
+    sampled; None: no limit)."""
 
     input_ids: tuple[int, ...]
     max_tokens: int
@@ -37,6 +39,7 @@ class GenerationRequest:
     request_id: str = ""
     timeout_s: float | None = None
     grammar: str | None = None
+    think_budget: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
+
 from serving.worker.constraints import TokenConstraint
 from serving.worker.generation import (
     Finished,
@@ -39,6 +41,8 @@ class Slot:
     live: bool = True
     finish: str | None = None
     stop_reason: str | int | None = None
+    think_ids: tuple[int, int] | None = None  # (<think>, </think>) when the budget applies
+    thinking: int | None = None  # tokens thought so far while inside <think>, else None
 
     @property
     def request(self) -> GenerationRequest:
@@ -58,6 +62,14 @@ class Slot:
         if self.constraint is not None:
             for token in tokens:
                 self.constraint.consume(token)
+        if self.think_ids is not None:
+            for token in tokens:
+                if token == self.think_ids[0]:
+                    self.thinking = 0
+                elif token == self.think_ids[1]:
+                    self.thinking = None
+                elif self.thinking is not None:
+                    self.thinking += 1
         self.output.extend(tokens)
         self.logprobs.extend(logprobs)
         self.sampled.extend(sampled)
@@ -78,6 +90,46 @@ class Slot:
             return False
         was_live, self.live = self.live, False
         return keep is not None and was_live and not sampler_done
+
+    def start_budget(self, think_ids: tuple[int, int]) -> None:
+        """Apply the request's thinking budget; a prompt that ends inside <think> (a template
+        that opens the thinking block itself) starts the count at once."""
+        self.think_ids = think_ids
+        prompt = self.request.input_ids
+        opened = max((i for i, t in enumerate(prompt) if t == think_ids[0]), default=-1)
+        closed = max((i for i, t in enumerate(prompt) if t == think_ids[1]), default=-1)
+        self.thinking = 0 if opened > closed else None
+
+    def next_mask(self, words: int) -> np.ndarray | None:
+        """[words] int32 bitmask of the ids allowed next (the grammar's; or, under a thinking
+        budget, no <think> at budget 0 and only </think> once the budget is spent), or None
+        when every id is."""
+        if self.constraint is not None:
+            return self.constraint.bitmask()
+        if self.think_ids is None:
+            return None
+        budget, (open_id, close_id) = self.request.think_budget, self.think_ids
+        if self.thinking is None and budget == 0:
+            mask = np.full((words,), -1, np.int32)
+            mask.view(np.uint32)[open_id // 32] &= ~np.uint32(1 << (open_id % 32))
+            return mask
+        if self.thinking is not None and self.thinking >= budget:
+            mask = np.zeros((words,), np.int32)
+            mask.view(np.uint32)[close_id // 32] |= np.uint32(1 << (close_id % 32))
+            return mask
+        return None
+
+    def needs_single_steps(self, steps: int) -> bool:
+        """Whether the next `steps` tokens could need a mask (then decode one at a time)."""
+        if not self.live:
+            return False
+        if self.constraint is not None:
+            return True
+        if self.think_ids is None:
+            return False
+        if self.thinking is None:
+            return self.request.think_budget == 0
+        return self.thinking + steps > self.request.think_budget
 
     def end(self, reason: str) -> bool:
         """Finish early (cancelled, timeout); returns whether the slot was live."""
