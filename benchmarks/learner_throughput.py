@@ -192,8 +192,12 @@ def main(argv: list[str]) -> None:
         for name, learner in learners.items()
     }
     model = next(iter(learners.values())).model_config
+    rows = {  # what an iteration computes on: without the empty rows when packing
+        name: learner._device_batch(batch, compact=learner.config.pack_rows)["tokens"].shape[0]
+        for name, learner in learners.items()
+    }
     head_positions = {
-        name: r * t if learner.config.head_positions == "all" else r * capacity
+        name: rows[name] * t if learner.config.head_positions == "all" else rows[name] * capacity
         for name, learner in learners.items()
     }
     print(

@@ -134,18 +134,27 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query softmax attention, softmax in float32.
 
+    Prefill and training (T > 1) repeat K/V to every query head (`attend_repeated`); decoding one
+    token (T == 1) stacks the query heads of a group instead (`attend_stacked`), which reads the
+    cache once. Both give the same result up to float32 rounding.
+
     Args:
       q: [B, T, H, Dh]; k, v: head-major [B, K, S, Dh] with H a multiple of K;
       mask: [B, T, S] bool.
     Returns:
       [B, T, H, Dh].
     """
+    if q.shape[1] == 1:
+        return attend_stacked(q, k, v, mask)
+    return attend_repeated(q, k, v, mask)
+
+
+def attend_stacked(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`attend` with the G query heads sharing a kv head stacked along the query axis: both
+    products are batched matmuls over (B, K) and K/V are never repeated (the decode path)."""
     b, t, h, dh = q.shape
     kv_heads, s = k.shape[1], k.shape[2]
     g = h // kv_heads
-    # The G query heads sharing a kv head are stacked along the query axis, so both products
-    # are plain batched matmuls over (B, K) (2x faster than grouped einsums on XLA:CPU) and
-    # K/V are never repeated.
     qh = q.reshape(b, t, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, dh)
     scores = jnp.einsum("bkqd,bksd->bkqs", qh, k, preferred_element_type=jnp.float32)
     mask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
@@ -153,6 +162,20 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     return out.reshape(b, kv_heads, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+
+
+def attend_repeated(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`attend` with K/V repeated to every query head: one batched matmul per (B, H) whose
+    query block is the whole row. Over long rows it beats the stacked layout on XLA:CPU
+    (`benchmarks/attention_layout.py`): the stacked query axis makes the softmax and both
+    products work on G x T rows interleaved by head, the repeat costs one copy of K/V."""
+    h, dh = q.shape[2:]
+    g = h // k.shape[1]
+    k, v = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)  # head i reads kv head i // G
+    scores = jnp.einsum("bthd,bhsd->bhts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None], scores * dh**-0.5, _MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhts,bhsd->bthd", probs, v)
 
 
 def write_kv(cache: jax.Array, new: jax.Array, positions: jax.Array, valid: jax.Array) -> jax.Array:

@@ -7,6 +7,10 @@ Two levels of API:
   `prefill(state, prompts, slots, sampling)` (refill any slots at any time; `cached=` skips
   a prefix the slot's cache already holds), `extend(...)` (continue a finished slot) and
   `decode(state, num_steps)` (advance every active slot, several tokens per dispatch).
+  Both take an optional `token_mask` (a per-row bitmask of allowed ids, for constrained
+  decoding: applied to the logits inside the jitted step) and `behaviour=True` (also return
+  each token's log-prob under the distribution actually sampled: temperature, top-k, top-p
+  and mask applied).
 
 Layout: prompts are right-padded; slot b keeps token p at cache index p, so positions are
 exact and slots are independent. Prompt length, batch size and generation length are rounded
@@ -39,7 +43,13 @@ from flax import nnx, struct
 
 from sao_jax.models.transformer import Transformer
 from sao_jax.rollout.kv_cache import KVCache, init_kv_cache, kv_cache_shardings
-from sao_jax.rollout.sampling import SamplingParams, sample_tokens, token_logprob
+from sao_jax.rollout.sampling import (
+    SamplingParams,
+    allowed_tokens,
+    behaviour_logprob,
+    sample_tokens,
+    token_logprob,
+)
 from sao_jax.sharding import LogicalRules, named_sharding, state_shardings
 
 
@@ -144,6 +154,13 @@ def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
 
 def _hits_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
     return jnp.any(tokens[:, None] == stop_ids, axis=-1)
+
+
+def _masked(logits: jax.Array, token_mask: jax.Array | None) -> jax.Array:
+    """The logits sampling draws from: disallowed ids at -inf (token_mask None: all)."""
+    if token_mask is None:
+        return logits
+    return jnp.where(allowed_tokens(token_mask, logits.shape[-1]), logits, -jnp.inf)
 
 
 class Sampler:
@@ -258,8 +275,10 @@ class Sampler:
         starts: jax.Array,
         slots: jax.Array,
         rows: RowSettings,
+        token_mask: jax.Array | None,
         window: int,
-    ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+        behaviour: bool = False,
+    ) -> tuple[jax.Array, ...]:
         """Encode `tokens` at `starts` in `slots`; every valid position is below `window`, so
         the slots' first `window` cache positions are all the attention needs."""
         model = self._model(params)
@@ -275,7 +294,8 @@ class Sampler:
         last = jnp.take_along_axis(out.hidden, (lengths - 1)[:, None, None], axis=1)[:, 0]
         logits = model.logits(last)
         keys = _row_keys(rows.seeds, jnp.zeros_like(lengths))
-        first = sample_tokens(logits, keys, rows.temperature, rows.top_k, rows.top_p)
+        sampled_from = _masked(logits, token_mask)
+        first = sample_tokens(sampled_from, keys, rows.temperature, rows.top_k, rows.top_p)
         logp = token_logprob(logits, first)
         finished = _hits_stop(first, rows.stop_ids) | (rows.max_new_tokens <= 1)
 
@@ -295,19 +315,30 @@ class Sampler:
             top_p=put(state.top_p, rows.top_p),
             stop_ids=put(state.stop_ids, rows.stop_ids),
         )
+        if behaviour:
+            behaviour_logp = behaviour_logprob(
+                sampled_from, first, rows.temperature, rows.top_k, rows.top_p
+            )
+            return state, first, logp, finished, behaviour_logp
         return state, first, logp, finished
 
     def _decode_impl(
-        self, params: nnx.State, state: DecodeState, num_steps: int
-    ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+        self,
+        params: nnx.State,
+        state: DecodeState,
+        token_mask: jax.Array | None,
+        num_steps: int,
+        behaviour: bool = False,
+    ) -> tuple[jax.Array, ...]:
         model = self._model(params)
         b = state.tokens.shape[0]
         out_tokens = jnp.full((b, num_steps), self.pad_id, jnp.int32)
         out_logp = jnp.zeros((b, num_steps), jnp.float32)
         out_emitted = jnp.zeros((b, num_steps), bool)
+        out_behaviour = jnp.zeros((b, num_steps), jnp.float32)
 
         def step(carry):
-            state, out_tokens, out_logp, out_emitted, i = carry
+            state, out_tokens, out_logp, out_emitted, out_behaviour, i = carry
             out = model.forward(
                 state.tokens[:, None],
                 positions=state.positions[:, None],
@@ -316,8 +347,14 @@ class Sampler:
             )
             logits = model.logits(out.hidden[:, 0])
             keys = _row_keys(state.seeds, state.num_generated)
-            token = sample_tokens(logits, keys, state.temperature, state.top_k, state.top_p)
+            sampled_from = _masked(logits, token_mask)
+            token = sample_tokens(sampled_from, keys, state.temperature, state.top_k, state.top_p)
             logp = token_logprob(logits, token)
+            if behaviour:
+                blogp = behaviour_logprob(
+                    sampled_from, token, state.temperature, state.top_k, state.top_p
+                )
+                out_behaviour = out_behaviour.at[:, i].set(jnp.where(state.active, blogp, 0.0))
             live = state.active
             generated = state.num_generated + live
             finished = _hits_stop(token, state.stop_ids) | (generated >= state.max_new_tokens)
@@ -331,13 +368,17 @@ class Sampler:
             out_tokens = out_tokens.at[:, i].set(jnp.where(live, token, self.pad_id))
             out_logp = out_logp.at[:, i].set(jnp.where(live, logp, 0.0))
             out_emitted = out_emitted.at[:, i].set(live)
-            return state, out_tokens, out_logp, out_emitted, i + 1
+            return state, out_tokens, out_logp, out_emitted, out_behaviour, i + 1
 
         def keep_going(carry) -> jax.Array:
             return (carry[-1] < num_steps) & jnp.any(carry[0].active)
 
-        carry = (state, out_tokens, out_logp, out_emitted, jnp.int32(0))
-        state, out_tokens, out_logp, out_emitted, _ = jax.lax.while_loop(keep_going, step, carry)
+        carry = (state, out_tokens, out_logp, out_emitted, out_behaviour, jnp.int32(0))
+        state, out_tokens, out_logp, out_emitted, out_behaviour, _ = jax.lax.while_loop(
+            keep_going, step, carry
+        )
+        if behaviour:
+            return state, out_tokens, out_logp, out_emitted, out_behaviour
         return state, out_tokens, out_logp, out_emitted
 
     # ------------------------------------------------------------------ jit with shardings
@@ -369,12 +410,12 @@ class Sampler:
         if kind == "init":
             fn = lambda: self._init_impl(num_slots, length)  # noqa: E731
         elif kind == "prefill":
-            window = extra[2]
-            fn = functools.partial(self._prefill_impl, window=window)
+            window, masked, behaviour = extra[2:]
+            fn = functools.partial(self._prefill_impl, window=window, behaviour=behaviour)
             kwargs["donate_argnums"] = (1,)
         else:
-            (num_steps,) = extra
-            fn = lambda params, state: self._decode_impl(params, state, num_steps)  # noqa: E731
+            num_steps, masked, behaviour = extra
+            fn = functools.partial(self._decode_impl, num_steps=num_steps, behaviour=behaviour)
             kwargs["donate_argnums"] = (1,)
         if self.mesh is not None:
             state_sh = self._state_shardings(num_slots, length)
@@ -382,7 +423,9 @@ class Sampler:
             if kind == "init":
                 kwargs["out_shardings"] = state_sh
             elif kind == "prefill":
-                n, p, _ = extra
+                n, p = extra[:2]
+                mask_sh = self._row_sharding(n, self._mask_words) if masked else None
+                outputs = 5 if behaviour else 4
                 kwargs["in_shardings"] = (
                     self._param_shardings,
                     state_sh,
@@ -393,11 +436,14 @@ class Sampler:
                     RowSettings(
                         *(self._row_sharding(n),) * 5, self._row_sharding(n, self.max_stop_tokens)
                     ),
+                    mask_sh,
                 )
-                kwargs["out_shardings"] = (state_sh, replicated, replicated, replicated)
+                kwargs["out_shardings"] = (state_sh, *(replicated,) * (outputs - 1))
             else:
-                kwargs["in_shardings"] = (self._param_shardings, state_sh)
-                kwargs["out_shardings"] = (state_sh, replicated, replicated, replicated)
+                mask_sh = self._row_sharding(num_slots, self._mask_words) if masked else None
+                outputs = 5 if behaviour else 4
+                kwargs["in_shardings"] = (self._param_shardings, state_sh, mask_sh)
+                kwargs["out_shardings"] = (state_sh, *(replicated,) * (outputs - 1))
         jitted = jax.jit(fn, **kwargs)
         if kind == "prefill" and self.mesh is not None and jax.process_count() > 1:
             # In a multi-process job jit refuses host rows for a sharded argument, even on a
@@ -448,7 +494,9 @@ class Sampler:
         sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
         *,
         cached: Sequence[int] | None = None,
-    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        token_mask: np.ndarray | None = None,
+        behaviour: bool = False,
+    ) -> tuple[np.ndarray | DecodeState, ...]:
         """Load `prompts` into `slots` (replacing whatever was there) and sample their first token.
 
         cached: per prompt, how many of its leading tokens the slot's cache already holds at
@@ -457,10 +505,23 @@ class Sampler:
           is encoded. 0 <= cached[i] < len(prompts[i]) (the last token is always encoded: its
           logits give the first sample). None: nothing cached.
 
+        token_mask: [n, ceil(V / 32)] int32 bitmask of the ids each row may sample (bit i % 32
+          of word i // 32; llguidance's layout), or None: every id.
+        behaviour: also return each first token's log-prob under the distribution sampled.
+
         `state` is donated: use the returned one. Returns (state, first_tokens [n],
-        first_logprobs [n], finished [n] bool).
+        first_logprobs [n], finished [n] bool[, behaviour_logprobs [n]]).
         """
-        return self._load(state, prompts, slots, sampling, extend=False, cached=cached)
+        return self._load(
+            state,
+            prompts,
+            slots,
+            sampling,
+            extend=False,
+            cached=cached,
+            token_mask=token_mask,
+            behaviour=behaviour,
+        )
 
     def extend(
         self,
@@ -486,7 +547,9 @@ class Sampler:
         *,
         extend: bool,
         cached: Sequence[int] | None = None,
-    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        token_mask: np.ndarray | None = None,
+        behaviour: bool = False,
+    ) -> tuple[np.ndarray | DecodeState, ...]:
         n = len(prompts)
         if n == 0 or len(slots) != n:
             raise ValueError(f"need one slot per prompt, got {n} prompts and {len(slots)} slots")
@@ -537,6 +600,8 @@ class Sampler:
             groups = plan_prefill(lengths, self.min_prompt_bucket, cache_len)
         else:
             groups = [list(range(n))]
+        if token_mask is not None:
+            token_mask = self._check_mask(token_mask, n)
         outputs = []
         for group in groups:  # dispatched back to back; read once all are queued
             state, *out = self._dispatch_prefill(
@@ -545,19 +610,39 @@ class Sampler:
                 [starts[i] for i in group],
                 [slots[i] for i in group],
                 [sampling[i] for i in group],
+                None if token_mask is None else token_mask[group],
+                behaviour,
             )
             outputs.append(out)
         first = np.zeros((n,), np.int32)
         logp = np.zeros((n,), np.float32)
         finished = np.zeros((n,), bool)
-        for group, (g_first, g_logp, g_finished) in zip(groups, outputs, strict=True):
+        behaviour_logp = np.zeros((n,), np.float32)
+        for group, out in zip(groups, outputs, strict=True):
             k = len(group)
-            first[group] = np.asarray(g_first)[:k]
-            logp[group] = np.asarray(g_logp)[:k]
-            finished[group] = np.asarray(g_finished)[:k]
+            first[group] = np.asarray(out[0])[:k]
+            logp[group] = np.asarray(out[1])[:k]
+            finished[group] = np.asarray(out[2])[:k]
+            if behaviour:
+                behaviour_logp[group] = np.asarray(out[3])[:k]
+        if behaviour:
+            return state, first, logp, finished, behaviour_logp
         return state, first, logp, finished
 
-    def _dispatch_prefill(self, state, prompts, starts, slots, sampling):
+    @property
+    def _mask_words(self) -> int:
+        return (self.config.vocab_size + 31) // 32
+
+    def _check_mask(self, token_mask: np.ndarray, rows: int) -> np.ndarray:
+        token_mask = np.asarray(token_mask)
+        if token_mask.shape != (rows, self._mask_words) or token_mask.dtype != np.int32:
+            raise ValueError(
+                f"token_mask must be int32 [{rows}, {self._mask_words}], got "
+                f"{token_mask.dtype} {list(token_mask.shape)}"
+            )
+        return token_mask
+
+    def _dispatch_prefill(self, state, prompts, starts, slots, sampling, token_mask, behaviour):
         """One jitted prefill of these rows (validated by `_load`); device outputs."""
         n = len(prompts)
         num_slots, cache_len = state.cache.num_slots, state.cache.length
@@ -576,7 +661,12 @@ class Sampler:
         starts_arr[:n] = starts
         slots_arr = np.full((rows,), num_slots, np.int32)  # padding rows write nowhere
         slots_arr[:n] = slots
-        fn = self._get_jitted("prefill", num_slots, cache_len, (rows, p, window))
+        mask_arr = None
+        if token_mask is not None:
+            mask_arr = np.full((rows, self._mask_words), -1, np.int32)  # padding: every id
+            mask_arr[:n] = token_mask
+        key = (rows, p, window, mask_arr is not None, behaviour)
+        fn = self._get_jitted("prefill", num_slots, cache_len, key)
         return self._call(
             fn,
             self.params,
@@ -586,19 +676,34 @@ class Sampler:
             starts_arr,
             slots_arr,
             self._row_settings(sampling, rows),
+            mask_arr,
         )
 
     def decode(
-        self, state: DecodeState, num_steps: int
-    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        self,
+        state: DecodeState,
+        num_steps: int,
+        *,
+        token_mask: np.ndarray | None = None,
+        behaviour: bool = False,
+    ) -> tuple[np.ndarray | DecodeState, ...]:
         """Advance every active slot by up to `num_steps` tokens in one jitted while-loop.
 
+        token_mask: [B, ceil(V / 32)] int32 bitmask of allowed ids per slot (see `prefill`);
+          it holds for one token, so it needs num_steps == 1.
         `state` is donated. Returns (state, tokens [B, num_steps], logprobs [B, num_steps],
-        emitted [B, num_steps] bool); the loop stops early once no slot is active.
+        emitted [B, num_steps] bool[, behaviour_logprobs [B, num_steps]]); the loop stops
+        early once no slot is active.
         """
-        fn = self._get_jitted("decode", state.cache.num_slots, state.cache.length, (num_steps,))
-        state, tokens, logp, emitted = self._call(fn, self.params, state)
-        return state, np.asarray(tokens), np.asarray(logp), np.asarray(emitted)
+        num_slots = state.cache.num_slots
+        if token_mask is not None:
+            if num_steps != 1:
+                raise ValueError("a token_mask holds for one step: decode with num_steps=1")
+            token_mask = self._check_mask(token_mask, num_slots)
+        key = (num_steps, token_mask is not None, behaviour)
+        fn = self._get_jitted("decode", num_slots, state.cache.length, key)
+        state, *out = self._call(fn, self.params, state, token_mask)
+        return (state, *(np.asarray(o) for o in out))
 
     # ------------------------------------------------------------------------- batch API
     def generate(

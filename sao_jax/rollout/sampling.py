@@ -123,3 +123,35 @@ def token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """log softmax(logits)[token] per row, at temperature 1: [B, V], [B] -> [B] float32."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+
+
+def allowed_tokens(token_mask: jax.Array, vocab: int) -> jax.Array:
+    """Bitmask [B, ceil(V / 32)] int32 (bit i % 32 of word i // 32) -> allowed [B, V] bool.
+    A row that allows nothing allows everything (never an all -inf row)."""
+    ids = jnp.arange(vocab)
+    allowed = ((token_mask[:, ids // 32] >> (ids % 32)) & 1).astype(bool)
+    return allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
+
+
+def behaviour_logprob(
+    logits: jax.Array,
+    tokens: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+) -> jax.Array:
+    """log-prob of `tokens` [B] under the distribution `sample_tokens` draws them from, for
+    the same logits [B, V] (already masked: disallowed ids at -inf), temperature, top-k and
+    top-p. Greedy rows: 0 (the argmax has all the mass)."""
+    greedy = temperature <= 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+    filters = (top_k > 0) | (top_p < 1.0)
+    plain = jax.nn.softmax(scaled, axis=-1)
+
+    def filtered(scaled: jax.Array) -> jax.Array:
+        return jnp.where(filters[:, None], _filtered_probs(scaled, top_k, top_p), plain)
+
+    probs = jax.lax.cond(jnp.any(filters), filtered, lambda s: plain, scaled)
+    chosen = jnp.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
+    logp = jnp.log(chosen) - jnp.log(jnp.sum(probs, axis=-1))
+    return jnp.where(greedy, 0.0, logp)

@@ -25,7 +25,8 @@ prompts it expects and the serving gateway can expose OpenAI tools through it:
     </tool_response><|im_end|>
     <|im_start|>assistant
 
-Consecutive `tool` messages share one user turn. `CHATML_JINJA_TEMPLATE` is the same template in
+Consecutive `tool` messages share one user turn. A system message after the first is rendered in
+place as its own system turn (as Qwen3's template does; agents add instructions mid-conversation). `CHATML_JINJA_TEMPLATE` is the same template in
 Jinja, written into saved `tokenizer_config.json` files so `transformers` renders identically.
 """
 
@@ -125,8 +126,6 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
         role = message.get("role")
         if role not in ROLES:
             raise ValueError(f"message {index} has role {role!r}; expected one of {ROLES}")
-        if role == "system" and index != 0:
-            raise ValueError(f"message {index} is a system message; only message 0 may be one")
         _text_content(message, index)
 
 

@@ -106,8 +106,9 @@ class LearnerConfig:
       opd_clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
       pack_rows: run the backbone on the batch's real tokens only, its rows packed several
         to a row of the batch's length (`sao_jax.train.packing`; results are read back in the
-        batch's own layout, so losses and advantages are unchanged); False: every row as the
-        loader padded it.
+        batch's own layout, so losses and advantages are unchanged), and a learner iteration
+        drops the rows that hold no token (`packing.compact_rows`), so the heads, GAE and the
+        losses run on real rows only; False: every row as the loader padded it.
       pack_row_multiple: the packed row count is rounded up to this multiple times one of
         1, 2, 3, 4, 6, 8, 12, ... (`packing.bucket_rows`: each count is a compiled shape, so a
         run compiles a few, at the price of at most a third of the packed rows padding).

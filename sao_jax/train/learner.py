@@ -172,7 +172,7 @@ class Learner:
                 f"Learner: algorithm {self.algorithm.name!r} needs batch['skill_logp'] [R, T], "
                 "the action tokens re-scored with a skill in context (sao_jax.seed.SeedLearner)"
             )
-        device_batch = self._device_batch(batch)
+        device_batch = self._device_batch(batch, compact=self.config.pack_rows)
         fns = self._functions(device_batch, self._action_capacity(batch))
         staleness = _staleness(batch, self.counters.policy_version)
         warmup = self.in_warmup
@@ -364,7 +364,12 @@ class Learner:
         )
         return np.asarray(jax.device_get(logp))
 
-    def _device_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    def _device_batch(
+        self, batch: Mapping[str, np.ndarray], *, compact: bool = False
+    ) -> dict[str, jax.Array]:
+        """The loader batch placed on the devices, packed with `config.pack_rows`; `compact`:
+        without its empty rows (`packing.compact_rows`; an iteration returns only metrics, so
+        its rows need not match the loader's)."""
         missing = [k for k in BATCH_KEYS if k not in batch]
         if missing:
             raise ValueError(f"Learner: batch lacks {missing}; expected an atdp_io loader batch")
@@ -373,6 +378,8 @@ class Learner:
             host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
         if self.algorithm.advantage == "group":
             host["group_id"] = adv_lib.prompt_group_ids(host)
+        if compact:
+            host = packing.compact_rows(host, self.placement, self.config.pack_row_multiple)
         if jax.process_count() > 1:  # trajectory slots are per host; make them global
             rows = host["traj_index"].shape[0]
             offset = jax.process_index() * rows

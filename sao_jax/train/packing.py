@@ -176,6 +176,41 @@ def pack_for_placement(
     return packed
 
 
+def compact_rows(
+    host: Mapping[str, np.ndarray], placement: Placement, row_multiple: int
+) -> dict[str, np.ndarray]:
+    """The batch without its empty rows, in their order, padded with empty rows to a bucket.
+
+    A loader batch has room for more rows than a version's episodes fill (the tiny preset's
+    12 episodes fill ~100-150 of 256); every per-row computation after the backbone -- the
+    heads at the action tokens, GAE, the losses -- would run on them. `host` holds only [R, ...]
+    arrays (the learner's batch keys); the row count becomes `bucket_rows` of the rows holding
+    a token (a multiple of `row_multiple` and of this process's row shards, the same on every
+    process), never more than R. `traj_index` is renumbered densely in its order (slots index
+    per-trajectory sums of R + 1 segments, so they must stay below the new R).
+    """
+    rows = np.shape(host["segment_ids"])[0]
+    processes = jax.process_count()
+    multiple = math.lcm(row_multiple, max(1, placement.row_shards() // processes))
+    filled = np.asarray(host["segment_ids"]).any(axis=1)
+    count = min(rows, bucket_rows(max(int(filled.sum()), 1), multiple))
+    if processes > 1:
+        from sao_jax.distributed.host_sync import allgather_numbers
+
+        count = int(allgather_numbers([count]).max())
+    if count == rows:
+        return dict(host)
+    empty = np.flatnonzero(~filled)[: count - int(filled.sum())]
+    keep = np.sort(np.concatenate([np.flatnonzero(filled), empty]))
+    out = {key: np.asarray(value)[keep] for key, value in host.items()}
+    traj = out["traj_index"]
+    valid = traj >= 0
+    dense = np.unique(traj[valid], return_inverse=True)[1] if valid.any() else traj[valid]
+    out["traj_index"] = np.where(valid, 0, -1).astype(traj.dtype)
+    out["traj_index"][valid] = dense
+    return out
+
+
 # -- device side --------------------------------------------------------------------------------
 
 

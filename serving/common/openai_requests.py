@@ -1,10 +1,16 @@
 """Validation of OpenAI chat / completions request bodies into typed requests.
 
-Every problem is a 400 whose message names the field (`param`), as OpenAI answers. Parameters
-that OpenAI defines but this server cannot honour (`n` > 1, penalties, logit bias, JSON mode,
-forced tool choice) are refused only when set to a non-default value; parameters that change
-nothing here (`user`, `metadata`, `store`, ...) are accepted; unknown ones are refused, like
-OpenAI does, so a typo never silently changes decoding.
+Every problem is a 400 whose message names the field (`param`) and the real limit, as OpenAI
+answers. What agents send is accepted (the compatibility table in docs/serving.md):
+- the `developer` role is the system role (OpenAI's newer name for it); system messages may
+  appear anywhere (rendered in place, as Qwen3's template does);
+- `max_tokens` above the rest of the context is clamped to it (by the data proxy, which knows
+  the prompt length); only values past MAX_TOKENS_LIMIT are refused;
+- parameters this server does not apply (penalties, logit bias, `user`, `metadata`, vendor
+  extensions, any unknown field) are validated when OpenAI defines them, then accepted and
+  listed in `ignored`, which the data proxy records with the call, so the training data says
+  which requested settings did not shape the sampled tokens.
+Tools, `tool_choice`, `response_format` and tool-call ids are checked in `tool_specs.py`.
 """
 
 from __future__ import annotations
@@ -16,11 +22,31 @@ from typing import Any
 
 from sao_jax.tokenizers.chat_template import normalize_tools, validate_messages
 from serving.common.errors import ApiError, bad_request
+from serving.common.tool_specs import (
+    check_tool_call_ids,
+    check_tools,
+    parse_response_format,
+    parse_tool_choice,
+)
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 8  # `n`: each choice is a sample holding a worker slot
+MAX_TOKENS_LIMIT = 2**31 - 1  # past it a value is a mistake, not a request to clamp
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# `reasoning_effort` as a thinking budget: tokens between <think> and </think> (None: no limit;
+# 0: no thinking at all).
+THINK_BUDGETS = {
+    "none": 0,
+    "minimal": 128,
+    "low": 512,
+    "medium": 2048,
+    "high": 8192,
+    "xhigh": 16384,
+    "max": None,
+}
 
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "modalities"}
+# Fields that shape the answer; every other field is accepted and recorded as ignored.
 _CHAT_FIELDS = {
     "model",
     "messages",
@@ -38,10 +64,8 @@ _CHAT_FIELDS = {
     "logprobs",
     "top_logprobs",
     "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
     "response_format",
+    "reasoning_effort",
 }
 _COMPLETION_FIELDS = {
     "model",
@@ -59,12 +83,8 @@ _COMPLETION_FIELDS = {
     "best_of",
     "echo",
     "suffix",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
 }
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_NO_LIMIT = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,15 +103,26 @@ class Decoding:
 
 @dataclasses.dataclass(frozen=True)
 class ChatRequest:
-    """A validated `/v1/chat/completions` body. tool_choice: "auto" or "none"."""
+    """A validated `/v1/chat/completions` body.
+
+    tool_choice: "auto" | "none" | "required" | {"name": function};
+    response_format: None (text) or `tool_specs.parse_response_format`'s dict; n: choices;
+    reasoning_effort: as sent (None: not given); ignored: names of fields that were accepted
+    but do not shape the answer; endpoint: the API it came through ("chat", "responses").
+    """
 
     model: str
     messages: list[dict[str, Any]]
     decoding: Decoding
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, str] = "auto"
     stream: bool = False
     include_usage: bool = False
+    n: int = 1
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    ignored: tuple[str, ...] = ()
+    endpoint: str = "chat"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -100,6 +131,7 @@ class ChatRequest:
     def from_json(cls, data: Mapping[str, Any]) -> ChatRequest:
         data = dict(data)
         data["decoding"] = _decoding_from_json(data["decoding"])
+        data["ignored"] = tuple(data.get("ignored", ()))
         return cls(**data)
 
 
@@ -112,6 +144,8 @@ class CompletionRequest:
     decoding: Decoding
     stream: bool = False
     include_usage: bool = False
+    n: int = 1
+    ignored: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -120,6 +154,7 @@ class CompletionRequest:
     def from_json(cls, data: Mapping[str, Any]) -> CompletionRequest:
         data = dict(data)
         data["decoding"] = _decoding_from_json(data["decoding"])
+        data["ignored"] = tuple(data.get("ignored", ()))
         return cls(**data)
 
 
@@ -154,8 +189,7 @@ def _integer(body: Mapping, name: str, default: int | None, low: int, high: int)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{name}' must be an integer, got {_type_name(value)}", param=name)
     if not low <= value <= high:
-        bound = f">= {low}" if high >= _NO_LIMIT else f"in [{low}, {high}]"
-        raise bad_request(f"'{name}' must be {bound}, got {value}", param=name)
+        raise bad_request(f"'{name}' must be in [{low}, {high}], got {value}", param=name)
     return value
 
 
@@ -189,12 +223,11 @@ def _unsupported(body: Mapping, name: str, allowed: tuple[Any, ...], what: str) 
         raise bad_request(f"'{name}'={body[name]!r} is not supported: {what}", param=name)
 
 
-def _check_fields(body: Mapping, known: set[str]) -> None:
-    unknown = sorted(set(body) - known - _IGNORED)
-    if unknown:
-        raise bad_request(
-            f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0]
-        )
+def _ignored_fields(body: Mapping, honoured: set[str]) -> tuple[str, ...]:
+    """Names of the fields that do not shape the answer (validated where OpenAI defines them,
+    see `_check_ignored`): recorded, never refused, as OpenAI-compatible servers do."""
+    _check_ignored(body)
+    return tuple(sorted(name for name in body if name not in honoured))
 
 
 def _model(body: Mapping) -> str:
@@ -223,30 +256,89 @@ def _stream(body: Mapping) -> tuple[bool, bool]:
     return stream, include
 
 
-def _common_unsupported(body: Mapping) -> None:
-    _unsupported(body, "n", (1, None), "this server returns one choice per request")
+def _check_ignored(body: Mapping) -> None:
+    """Ignored fields OpenAI (or vLLM) defines still get their type and range checked, so a
+    malformed body is refused the same way wherever it is sent."""
     for name in ("presence_penalty", "frequency_penalty"):
-        _unsupported(body, name, (0, 0.0, None), "penalties would change the policy's log-probs")
-    _unsupported(body, "logit_bias", (None, {}), "logit bias would change the policy's log-probs")
+        _number(body, name, 0.0, -2.0, 2.0)
+    _number(body, "repetition_penalty", 1.0, 0.0, 2.0**31)
+    _number(body, "min_p", 0.0, 0.0, 1.0)
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict) or not all(
+            isinstance(k, str) and k.lstrip("-").isdigit() for k in bias
+        ):
+            raise bad_request(
+                "'logit_bias' must map token ids (as strings) to numbers", param="logit_bias"
+            )
+        for key, value in bias.items():
+            _number({key: value}, key, 0.0, -100.0, 100.0)
+    _boolean(body, "parallel_tool_calls")
+    for name in ("user", "service_tier", "safety_identifier", "prompt_cache_key"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise bad_request(f"'{name}' must be a string", param=name)
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad_request("'metadata' must be an object", param="metadata")
+
+
+def _choices(body: Mapping) -> int:
+    return _integer(body, "n", 1, 1, MAX_CHOICES)
 
 
 def _sampling(body: Mapping, max_tokens_field: str | None = None) -> dict[str, Any]:
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p <= 0.0:
         raise bad_request("'top_p' must be in (0, 1]; use temperature=0 for greedy", param="top_p")
-    max_tokens = _integer(body, "max_tokens", None, 1, _NO_LIMIT)
+    max_tokens = _max_tokens(body, "max_tokens")
     if max_tokens_field is not None:
-        newer = _integer(body, max_tokens_field, None, 1, _NO_LIMIT)
+        newer = _max_tokens(body, max_tokens_field)
         max_tokens = newer if newer is not None else max_tokens
-    top_k = _integer(body, "top_k", 0, -1, _NO_LIMIT)
+    top_k = _integer(body, "top_k", 0, -1, MAX_TOKENS_LIMIT)
     return dict(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=top_p,
         top_k=max(top_k, 0),  # vLLM convention: -1 disables top-k
         max_tokens=max_tokens,
         stop=_stop(body),
-        seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
+        seed=_integer(body, "seed", None, -(2**63), 2**63 - 1),
     )
+
+
+def _max_tokens(body: Mapping, name: str) -> int | None:
+    """At least 1; a value above the rest of the context is clamped later (the proxy knows
+    the prompt's length), so only values no context could ever hold are refused."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer, got {_type_name(value)}", param=name)
+    if value < 1:
+        raise bad_request(f"'{name}' must be >= 1, got {value}", param=name)
+    if value > MAX_TOKENS_LIMIT:
+        raise bad_request(
+            f"'{name}' is {value}; the largest accepted value is {MAX_TOKENS_LIMIT} (2**31 - 1; "
+            "values above the rest of the model's context are clamped to it)",
+            param=name,
+        )
+    return value
+
+
+def _reasoning_effort(body: Mapping) -> str | None:
+    value = body.get("reasoning_effort")
+    if value is not None and value not in REASONING_EFFORTS:
+        raise bad_request(
+            f"'reasoning_effort' {value!r} is invalid: one of {list(REASONING_EFFORTS)}",
+            param="reasoning_effort",
+        )
+    return value
+
+
+def normalize_roles(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`developer` messages become `system` messages (OpenAI's two names for one role)."""
+    return [
+        {**m, "role": "system"} if isinstance(m, Mapping) and m.get("role") == "developer" else m
+        for m in messages
+    ]
 
 
 # ----------------------------------------------------------------------------- endpoints
@@ -254,6 +346,12 @@ def _sampling(body: Mapping, max_tokens_field: str | None = None) -> dict[str, A
 
 def _tool_message_ids(messages: Sequence[Mapping[str, Any]]) -> None:
     for index, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise bad_request(
+                f"messages[{index}].tool_calls must be a list of tool calls",
+                param=f"messages[{index}].tool_calls",
+            )
         if message.get("role") == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise bad_request(
                 f"messages[{index}]: a tool message needs 'tool_call_id' (the id of the call "
@@ -276,41 +374,43 @@ def _tool_message_ids(messages: Sequence[Mapping[str, Any]]) -> None:
                 )
 
 
-def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
-    """Validate a chat completions body (a JSON object); raises a 400 `ApiError`."""
-    _check_fields(body, _CHAT_FIELDS)
-    model = _model(body)
-    messages = body.get("messages")
+def parse_messages(messages: Any) -> list[dict[str, Any]]:
+    """Validated chat messages (roles normalized) or a 400 naming the first bad one."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", param="messages")
+    messages = normalize_roles(messages)
     try:
         validate_messages(messages)
     except (TypeError, ValueError) as error:
         raise bad_request(f"invalid 'messages': {error}", param="messages") from None
     _tool_message_ids(messages)
-    tools = body.get("tools")
+    check_tool_call_ids(messages)
+    return messages
+
+
+def parse_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Normalized, validated tool specs (None for none)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be a list of tool specs", param="tools")
+    try:
+        tools = normalize_tools(tools) or None
+    except (TypeError, ValueError) as error:
+        raise bad_request(f"invalid 'tools': {error}", param="tools") from None
     if tools is not None:
-        if not isinstance(tools, list):
-            raise bad_request("'tools' must be a list of tool specs", param="tools")
-        try:
-            tools = normalize_tools(tools) or None
-        except (TypeError, ValueError) as error:
-            raise bad_request(f"invalid 'tools': {error}", param="tools") from None
-    tool_choice = body.get("tool_choice") or "auto"
-    if tool_choice not in ("auto", "none"):
-        raise bad_request(
-            f"'tool_choice'={tool_choice!r} is not supported: use 'auto' or 'none' (forcing a "
-            "call needs constrained decoding, which would change the policy's log-probs)",
-            param="tool_choice",
-        )
-    _common_unsupported(body)
-    response_format = body.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, dict) or response_format.get("type") != "text"
-    ):
-        raise bad_request(
-            "only response_format {'type': 'text'} is supported", param="response_format"
-        )
+        check_tools(tools)
+    return tools
+
+
+def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """Validate a chat completions body (a JSON object); raises a 400 `ApiError`."""
+    ignored = _ignored_fields(body, _CHAT_FIELDS)
+    model = _model(body)
+    messages = parse_messages(body.get("messages"))
+    tools = parse_tools(body.get("tools"))
+    tool_choice = parse_tool_choice(body.get("tool_choice"), tools)
+    response_format = parse_response_format(body.get("response_format"))
     logprobs = _boolean(body, "logprobs")
     top_logprobs = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if top_logprobs and not logprobs:
@@ -327,6 +427,10 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         tool_choice=tool_choice,
         stream=stream,
         include_usage=include_usage,
+        n=_choices(body),
+        response_format=response_format,
+        reasoning_effort=_reasoning_effort(body),
+        ignored=ignored,
     )
 
 
@@ -353,10 +457,9 @@ def _prompt(body: Mapping) -> str | list[int]:
 
 def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
     """Validate a (legacy) completions body; raises a 400 `ApiError`."""
-    _check_fields(body, _COMPLETION_FIELDS)
+    ignored = _ignored_fields(body, _COMPLETION_FIELDS)
     model = _model(body)
     prompt = _prompt(body)
-    _common_unsupported(body)
     _unsupported(body, "best_of", (1, None), "one sample per request")
     _unsupported(body, "echo", (False, None), "the prompt is not echoed")
     _unsupported(body, "suffix", (None, ""), "insertion is not supported")
@@ -368,7 +471,15 @@ def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
     decoding = Decoding(
         **sampling, logprobs=top_logprobs is not None, top_logprobs=top_logprobs or 0
     )
-    return CompletionRequest(model, prompt, decoding, stream=stream, include_usage=include_usage)
+    return CompletionRequest(
+        model,
+        prompt,
+        decoding,
+        stream=stream,
+        include_usage=include_usage,
+        n=_choices(body),
+        ignored=ignored,
+    )
 
 
 def check_model(requested: str, served: Sequence[str]) -> None:

@@ -1,6 +1,7 @@
 """The public HTTP API: OpenAI-compatible completions plus the RL session endpoints.
 
     POST /v1/chat/completions, /v1/completions     session key or tenant key
+    POST /v1/responses, GET /v1/responses/{id}      session key or tenant key (Responses API)
     GET  /v1/models, /v1/models/{id}               any valid key
     POST /rl/start_session  {"tenant"?, "task_id"?, "task"?, "user_id"?}  admin or tenant key
     POST /rl/set_reward     {"reward", "interaction_id"?, "session_id"?, "source"?}
@@ -31,6 +32,7 @@ from serving.common.http import new_app
 from serving.common.ids import session_of
 from serving.common.metrics import metrics_handler
 from serving.common.openai_requests import parse_chat_request, parse_completion_request
+from serving.common.responses_requests import parse_responses_request
 from serving.gateway.audit import GatewayAudit
 from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
 from serving.gateway.config import GatewayConfig
@@ -97,6 +99,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     result = await request.app[GATEWAY].complete(principal, parse_completion_request(body))
     return await _send(request, result)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    principal = _principal(request)
+    body = await read_json_object(request)
+    result = await request.app[GATEWAY].respond(principal, parse_responses_request(body))
+    return await _send(request, result)
+
+
+async def get_response(request: web.Request) -> web.Response:
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    return web.json_response(gateway.stored_response(principal, request.match_info["id"]))
 
 
 def _model_entry(info: dict[str, Any]) -> dict[str, Any]:
@@ -399,6 +414,8 @@ def create_app(
     app[AUDIT] = audit
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{id}", get_response)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_post("/rl/start_session", start_session)

@@ -17,6 +17,8 @@ from serving.common.errors import ApiError
 from serving.common.ids import opaque_id
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.common.responses_requests import ResponsesRequest, with_history
+from serving.gateway import responses_api
 from serving.gateway.auth import Principal
 from serving.gateway.config import GatewayConfig
 from serving.gateway.data_requests import DataRequest
@@ -73,6 +75,7 @@ class Gateway:
         self.metrics = GatewayMetrics(registry)
         self._models: list[dict[str, Any]] = []
         self._in_flight = 0
+        self.responses = responses_api.ResponseStore()
 
     # ------------------------------------------------------------------ models
 
@@ -173,6 +176,45 @@ class Gateway:
             self._release()
             if ephemeral is not None:
                 await self.router.release(ephemeral.session_id)
+
+    @staticmethod
+    def _owner(principal: Principal) -> str:
+        """Whose stored responses a key may read and continue."""
+        if principal.kind == "session":
+            return f"session:{principal.session.session_id}"
+        if principal.kind == "tenant":
+            return f"tenant:{principal.tenant.name}"
+        return "admin"
+
+    async def respond(
+        self, principal: Principal, request: ResponsesRequest
+    ) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A Responses API call: run as a chat completion (recorded the same way) after the
+        conversation `previous_response_id` names; stored for later calls unless store=false."""
+        owner = self._owner(principal)
+        history: list[dict[str, Any]] = []
+        chat = request.chat
+        if request.previous_response_id is not None:
+            history, _ = self.responses.get(
+                owner, request.previous_response_id, "previous_response_id"
+            )
+            chat = with_history(request, history)
+        conversation = [*history, *request.input_messages]
+
+        def store(body: dict[str, Any]) -> None:
+            if request.store:
+                reply = responses_api.reply_message(body["output"])
+                self.responses.put(owner, body, [*conversation, reply])
+
+        result = await self.complete(principal, chat)
+        if isinstance(result, dict):
+            body = responses_api.from_chat_completion(request, result)
+            store(body)
+            return body
+        return responses_api.stream_events(request, result, chat.model, store)
+
+    def stored_response(self, principal: Principal, response_id: str) -> dict[str, Any]:
+        return self.responses.get(self._owner(principal), response_id)[1]
 
     # ------------------------------------------------------------------ sessions
 

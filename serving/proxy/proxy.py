@@ -13,6 +13,7 @@ The proxy also prices each call (`pricing.py`), erases or withdraws consent on r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -26,9 +27,10 @@ from sao_jax.tokenizers import Tokenizer
 from serving.common import ids
 from serving.common.errors import ApiError, bad_request
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
-from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.common.openai_requests import THINK_BUDGETS, ChatRequest, CompletionRequest
 from serving.proxy import responses
 from serving.proxy.config import ProxyConfig
+from serving.proxy.grammars import output_grammar
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recorder import CallRecord, CallRecorder
 from serving.proxy.runner import (
@@ -41,7 +43,7 @@ from serving.proxy.runner import (
 from serving.proxy.sessions import SessionBook
 from serving.router.client import RouterClient
 from serving.worker.client import WorkerClient
-from serving.worker.generation import TokenChunk
+from serving.worker.generation import GenerationRequest, TokenChunk
 
 __all__ = ["CallContext", "DataProxy", "ProxyMetrics"]
 
@@ -215,15 +217,50 @@ class DataProxy:
 
     # ------------------------------------------------------------------ shared
 
-    def _plan(self, input_ids: list[int], request, extra: dict[str, Any]):
+    def _plan(
+        self,
+        input_ids: list[int],
+        request,
+        extra: dict[str, Any],
+        index: int = 0,
+        grammar: str | None = None,
+        think_budget: int | None = None,
+    ):
+        """The generation of sample `index` of `request.n`: a given seed is kept for sample 0
+        and derived for the others, so every sample is replayable from its recorded seed."""
+        decoding = request.decoding
+        if index and decoding.seed is not None:
+            decoding = dataclasses.replace(
+                decoding, seed=(decoding.seed * 1_000_003 + index) % 2**63
+            )
+        recorded = {**extra, "ignored_fields": list(request.ignored)}
+        if request.n > 1:
+            recorded.update(n=request.n, sample_index=index)
         return plan_generation(
             input_ids,
-            request.decoding,
+            decoding,
             context_length=self.context_length,
             stop_ids=tuple(self.tokenizer.stop_ids),
             timeout_s=self.config.request_timeout_s,
-            extra=extra,
+            extra=recorded,
+            grammar=grammar,
+            think_budget=think_budget,
         )
+
+    async def _start_samples(
+        self, call: CallContext, plans: list[GenerationRequest]
+    ) -> list[tuple[Collected, AsyncIterator[TokenChunk]]]:
+        """Submit every sample (they decode together on the worker); if one is refused, the
+        ones already running are cancelled and the error is raised."""
+        started: list[tuple[Collected, AsyncIterator[TokenChunk]]] = []
+        try:
+            for generation in plans:
+                started.append(await self.runner.start(call, generation))
+        except BaseException:
+            for _, chunks in started:
+                await chunks.aclose()
+            raise
+        return started
 
     def _common(self, interaction_id: str) -> dict[str, Any]:
         return dict(
@@ -234,7 +271,14 @@ class DataProxy:
         )
 
     async def _finish(self, call, record, collected: Collected, reply) -> None:
-        """Record the call, or record the failure and raise its error."""
+        """Record the call, or record the failure and raise its error. The log-probs of the
+        distribution each token was drawn from (temperature, top-k, top-p, grammar mask) go
+        with the decoding parameters as `sampled_logprobs` [N]; `output_logprobs` stay the
+        policy's own at temperature 1."""
+        extra = {**record.decoding.extra, "sampled_logprobs": list(collected.sampled)}
+        record = dataclasses.replace(
+            record, decoding=dataclasses.replace(record.decoding, extra=extra)
+        )
         error = finish_error(collected.finished)
         if error is not None:
             await self.recorder.record_failure(call, record, collected)
@@ -256,83 +300,139 @@ class DataProxy:
         top = top if request.decoding.top_logprobs else None
         return responses.chat_logprobs(self.tokenizer, ids, logprobs, top)
 
+    def _chat_extra(self, request: ChatRequest) -> dict[str, Any]:
+        extra: dict[str, Any] = {"tool_choice": request.tool_choice}
+        if request.reasoning_effort is not None:
+            extra["reasoning_effort"] = request.reasoning_effort
+            extra["think_budget"] = THINK_BUDGETS[request.reasoning_effort]
+        return extra
+
     async def chat(
         self, request: ChatRequest, call: CallContext
     ) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A chat completion: the response body, or SSE bytes when `request.stream`."""
+        """A chat completion: the response body, or SSE bytes when `request.stream`. With
+        `n` > 1 each choice is its own sample, recorded as its own llm_call event."""
         started = time.monotonic()
         input_ids, tools = self._render_chat(request)
-        generation, decoding = self._plan(input_ids, request, {"tool_choice": request.tool_choice})
-        interaction_id = ids.interaction_id("chatcmpl", call.session_id)
-        record = CallRecord(
-            "chat", interaction_id, started, input_ids, decoding, request.messages, tools
-        )
-        collected, chunks = await self.runner.start(call, generation)
+        extra = self._chat_extra(request)
+        grammar = output_grammar(request, tools, self.tokenizer)
+        if grammar is not None:  # recorded: the mask is part of the sampling distribution
+            extra.update(response_format=request.response_format, grammar=grammar)
+        records, plans = [], []
+        for index in range(request.n):
+            generation, decoding = self._plan(
+                input_ids, request, extra, index, grammar, extra.get("think_budget")
+            )
+            interaction_id = ids.interaction_id("chatcmpl", call.session_id)
+            records.append(
+                CallRecord(
+                    request.endpoint,
+                    interaction_id,
+                    started,
+                    input_ids,
+                    decoding,
+                    request.messages,
+                    tools,
+                    sample_index=index,
+                )
+            )
+            plans.append(generation)
+        samples = await self._start_samples(call, plans)
         if request.stream:
-            return self._stream_chat(request, call, record, collected, chunks)
-        async for _ in chunks:
-            pass
-        finish = collected.finished.finish_reason
-        reply = responses.parse_reply(collected.text, finish, tools is not None)
-        await self._finish(call, record, collected, reply)
-        self.metrics.completions.labels("chat", reply.finish_reason).inc()
+            return self._stream_chat(request, call, records, samples)
+        choices, completion_tokens = [], 0
+        for record, (collected, chunks) in zip(records, samples, strict=True):
+            async for _ in chunks:
+                pass
+            finish = collected.finished.finish_reason
+            reply = responses.parse_reply(collected.text, finish, tools is not None)
+            await self._finish(call, record, collected, reply)
+            self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
+            logprobs = self._chat_logprobs(
+                request, collected.ids, collected.logprobs, collected.top
+            )
+            choices.append((reply, logprobs, record.interaction_id))
+            completion_tokens += len(collected.ids)
         return responses.chat_completion(
-            **self._common(interaction_id),
-            reply=reply,
-            logprobs=self._chat_logprobs(request, collected.ids, collected.logprobs, collected.top),
-            usage_counts=responses.usage(len(input_ids), len(collected.ids)),
-            policy_version=collected.policy_version,
+            **self._common(records[0].interaction_id),
+            choices=choices,
+            usage_counts=responses.usage(len(input_ids), completion_tokens),
+            policy_version=samples[0][0].policy_version,
         )
 
     async def _stream_chat(
         self,
         request: ChatRequest,
         call: CallContext,
-        record: CallRecord,
-        collected: Collected,
-        chunks: AsyncIterator[TokenChunk],
+        records: list[CallRecord],
+        samples: list[tuple[Collected, AsyncIterator[TokenChunk]]],
     ) -> AsyncIterator[bytes]:
-        common = self._common(record.interaction_id)
-        tools_enabled = record.tools is not None
-        stream_filter = responses.ToolCallStreamFilter(tools_enabled)
-        yield _sse(responses.chat_chunk(**common, delta={"role": "assistant", "content": ""}))
+        """The choices one after the other (each chunk carries its choice's index; clients
+        assemble by index); each choice's finish chunk follows its durable record."""
+        common = self._common(records[0].interaction_id)
+        completion_tokens = 0
         try:
-            async for chunk in chunks:
-                text = stream_filter.feed(chunk.text)
-                logprobs = self._chat_logprobs(
-                    request, chunk.token_ids, chunk.logprobs, chunk.top_logprobs
-                )
-                if text or logprobs:
-                    delta = {"content": text}
-                    yield _sse(responses.chat_chunk(**common, delta=delta, logprobs=logprobs))
-            finish = collected.finished.finish_reason
-            # The text held back since a <tool_call> tag started: its calls, or plain content.
-            tail = responses.parse_reply(stream_filter.held, finish, tools_enabled)
-            if tail.content:
-                yield _sse(responses.chat_chunk(**common, delta={"content": tail.content}))
-            content = stream_filter.streamed + (tail.content or "")
-            reply = responses.Reply(
-                content or None, tail.tool_calls, tail.finish_reason, tail.tool_call_errors
-            )
-            await self._finish(call, record, collected, reply)
-            self.metrics.completions.labels("chat", reply.finish_reason).inc()
-            if reply.tool_calls:
-                delta = {"tool_calls": responses.tool_call_deltas(reply.tool_calls)}
-                yield _sse(responses.chat_chunk(**common, delta=delta))
-            yield _sse(
-                responses.chat_chunk(
-                    **common,
-                    delta={},
-                    finish_reason=reply.finish_reason,
-                    policy_version=collected.policy_version,
-                )
-            )
+            for index, (record, (collected, chunks)) in enumerate(
+                zip(records, samples, strict=True)
+            ):
+                async for data in self._stream_choice(
+                    request, call, record, collected, chunks, common, index
+                ):
+                    yield data
+                completion_tokens += len(collected.ids)
             if request.include_usage:
-                counts = responses.usage(len(record.input_ids), len(collected.ids))
+                counts = responses.usage(len(records[0].input_ids), completion_tokens)
                 yield _sse(responses.chat_chunk(**common, delta=None, usage_counts=counts))
             yield _sse("[DONE]")
         except ApiError as error:
             yield _sse(error.to_json())
+        finally:
+            for _, chunks in samples:  # a client gone mid-stream cancels every sample
+                await chunks.aclose()
+
+    async def _stream_choice(
+        self,
+        request: ChatRequest,
+        call: CallContext,
+        record: CallRecord,
+        collected: Collected,
+        chunks: AsyncIterator[TokenChunk],
+        common: dict[str, Any],
+        index: int,
+    ) -> AsyncIterator[bytes]:
+        tools_enabled = record.tools is not None
+        stream_filter = responses.ToolCallStreamFilter(tools_enabled)
+
+        def chunk(delta, **fields) -> bytes:
+            return _sse(responses.chat_chunk(**common, delta=delta, index=index, **fields))
+
+        yield chunk({"role": "assistant", "content": ""})
+        async for generated in chunks:
+            text = stream_filter.feed(generated.text)
+            logprobs = self._chat_logprobs(
+                request, generated.token_ids, generated.logprobs, generated.top_logprobs
+            )
+            if text or logprobs:
+                yield chunk({"content": text}, logprobs=logprobs)
+        finish = collected.finished.finish_reason
+        # The text held back since a <tool_call> tag started: its calls, or plain content.
+        tail = responses.parse_reply(stream_filter.held, finish, tools_enabled)
+        if tail.content:
+            yield chunk({"content": tail.content})
+        content = stream_filter.streamed + (tail.content or "")
+        reply = responses.Reply(
+            content or None, tail.tool_calls, tail.finish_reason, tail.tool_call_errors
+        )
+        await self._finish(call, record, collected, reply)
+        self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
+        if reply.tool_calls:
+            yield chunk({"tool_calls": responses.tool_call_deltas(reply.tool_calls)})
+        yield chunk(
+            {},
+            finish_reason=reply.finish_reason,
+            policy_version=collected.policy_version,
+            interaction_id=record.interaction_id,
+        )
 
     # ------------------------------------------------------------------ completions
 
@@ -351,71 +451,88 @@ class DataProxy:
     async def completion(
         self, request: CompletionRequest, call: CallContext
     ) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A (legacy) text completion: the response body, or SSE bytes when streaming."""
+        """A (legacy) text completion: the response body, or SSE bytes when streaming; `n`
+        samples as in `chat`."""
         started = time.monotonic()
         input_ids = self._prompt_ids(request)
-        generation, decoding = self._plan(input_ids, request, {})
-        interaction_id = ids.interaction_id("cmpl", call.session_id)
-        record = CallRecord("completions", interaction_id, started, input_ids, decoding)
-        collected, chunks = await self.runner.start(call, generation)
+        records, plans = [], []
+        for index in range(request.n):
+            generation, decoding = self._plan(input_ids, request, {}, index)
+            interaction_id = ids.interaction_id("cmpl", call.session_id)
+            records.append(
+                CallRecord(
+                    "completions",
+                    interaction_id,
+                    started,
+                    input_ids,
+                    decoding,
+                    sample_index=index,
+                )
+            )
+            plans.append(generation)
+        samples = await self._start_samples(call, plans)
         if request.stream:
-            return self._stream_completion(request, call, record, collected, chunks)
-        async for _ in chunks:
-            pass
-        await self._finish(call, record, collected, None)
-        finish = collected.finished.finish_reason
-        self.metrics.completions.labels("completions", finish).inc()
-        return responses.text_completion(
-            **self._common(interaction_id),
-            text=collected.text,
-            finish_reason=finish,
-            logprobs=self._completion_logprobs(
+            return self._stream_completion(request, call, records, samples)
+        choices, completion_tokens = [], 0
+        for index, (record, (collected, chunks)) in enumerate(zip(records, samples, strict=True)):
+            async for _ in chunks:
+                pass
+            await self._finish(call, record, collected, None)
+            finish = collected.finished.finish_reason
+            self.metrics.completions.labels("completions", finish).inc()
+            logprobs = self._completion_logprobs(
                 request, collected.ids, collected.logprobs, collected.top, 0
-            ),
-            usage_counts=responses.usage(len(input_ids), len(collected.ids)),
-            policy_version=collected.policy_version,
+            )
+            choices.append(
+                responses.text_choice(
+                    index, collected.text, finish, logprobs, record.interaction_id
+                )
+            )
+            completion_tokens += len(collected.ids)
+        return responses.text_completion(
+            **self._common(records[0].interaction_id),
+            choices=choices,
+            usage_counts=responses.usage(len(input_ids), completion_tokens),
+            policy_version=samples[0][0].policy_version,
         )
 
     async def _stream_completion(
         self,
         request: CompletionRequest,
         call: CallContext,
-        record: CallRecord,
-        collected: Collected,
-        chunks: AsyncIterator[TokenChunk],
+        records: list[CallRecord],
+        samples: list[tuple[Collected, AsyncIterator[TokenChunk]]],
     ) -> AsyncIterator[bytes]:
-        common = self._common(record.interaction_id)
-        offset = 0
+        common = self._common(records[0].interaction_id)
+        completion_tokens = 0
         try:
-            async for chunk in chunks:
-                logprobs = self._completion_logprobs(
-                    request, chunk.token_ids, chunk.logprobs, chunk.top_logprobs, offset
+            for index, (record, (collected, chunks)) in enumerate(
+                zip(records, samples, strict=True)
+            ):
+                offset = 0
+                async for chunk in chunks:
+                    logprobs = self._completion_logprobs(
+                        request, chunk.token_ids, chunk.logprobs, chunk.top_logprobs, offset
+                    )
+                    offset += len(chunk.text)
+                    choice = responses.text_choice(index, chunk.text, None, logprobs)
+                    yield _sse(responses.text_completion(**common, choices=[choice]))
+                await self._finish(call, record, collected, None)
+                finish = collected.finished.finish_reason
+                self.metrics.completions.labels("completions", finish).inc()
+                choice = responses.text_choice(index, "", finish, None, record.interaction_id)
+                yield _sse(
+                    responses.text_completion(
+                        **common, choices=[choice], policy_version=collected.policy_version
+                    )
                 )
-                offset += len(chunk.text)
-                body = responses.text_completion(
-                    **common,
-                    text=chunk.text,
-                    finish_reason=None,
-                    logprobs=logprobs,
-                    usage_counts=None,
-                    policy_version=None,
-                )
-                yield _sse(body)
-            await self._finish(call, record, collected, None)
-            finish = collected.finished.finish_reason
-            self.metrics.completions.labels("completions", finish).inc()
-            body = responses.text_completion(
-                **common,
-                text="",
-                finish_reason=finish,
-                logprobs=None,
-                usage_counts=None,
-                policy_version=collected.policy_version,
-            )
-            yield _sse(body)
+                completion_tokens += len(collected.ids)
             if request.include_usage:
-                counts = responses.usage(len(record.input_ids), len(collected.ids))
-                yield _sse({**body, "choices": [], "usage": counts})
+                counts = responses.usage(len(records[0].input_ids), completion_tokens)
+                yield _sse(responses.text_completion(**common, choices=[], usage_counts=counts))
             yield _sse("[DONE]")
         except ApiError as error:
             yield _sse(error.to_json())
+        finally:
+            for _, chunks in samples:
+                await chunks.aclose()

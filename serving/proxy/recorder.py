@@ -32,6 +32,8 @@ class CallRecord:
     """What the proxy knows about one call besides its output.
 
     messages / tools: the chat conversation and exposed tools (None for /v1/completions).
+    sample_index: which of a request's `n` samples this is; the messages are recorded, and the
+    conversation and the session's last completion move on, with sample 0 only.
     """
 
     endpoint: str
@@ -41,6 +43,7 @@ class CallRecord:
     decoding: DecodingParams
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    sample_index: int = 0
 
 
 class CallRecorder:
@@ -100,12 +103,13 @@ class CallRecorder:
             if route.moves:
                 extra.update(moves=route.moves, repinned_from=route.previous_worker)
             events, start = [], 0
-            if record.messages is not None:
+            first_sample = record.sample_index == 0
+            if record.messages is not None and first_sample:
                 start, rewritten = new_messages(state.known, record.messages)
                 if rewritten:
                     extra["context_rewritten"] = True
             metadata = self._metadata(call, record, collected, extra)
-            if record.messages is not None:
+            if record.messages is not None and first_sample:
                 plain = EventMetadata(
                     timestamp=metadata.timestamp,
                     session_id=call.session_id,
@@ -149,8 +153,9 @@ class CallRecorder:
             llm_index = indices[-1]
             if generated.finish_reason in ("stop", "length"):
                 state.interactions[record.interaction_id] = llm_index
-                state.last_llm = llm_index
-                if record.messages is not None and reply is not None:
+                if first_sample:
+                    state.last_llm = llm_index
+                if record.messages is not None and reply is not None and first_sample:
                     echoed = {
                         "role": "assistant",
                         "content": reply.content,

@@ -138,15 +138,27 @@ def chat_completion(
     completion_id: str,
     created: int,
     model: str,
-    reply: Reply,
-    logprobs: dict[str, Any] | None,
+    choices: Sequence[tuple[Reply, dict[str, Any] | None, str]],
     usage_counts: dict[str, int],
     policy_version: int,
     system_fingerprint: str,
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        message["tool_calls"] = reply.tool_calls
+    """choices: (reply, logprobs, interaction id) per sample; each choice carries its own
+    `interaction_id` (a reward can name one choice of several)."""
+    body_choices = []
+    for index, (reply, logprobs, interaction) in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        body_choices.append(
+            {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": reply.finish_reason,
+                "interaction_id": interaction,
+            }
+        )
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -154,14 +166,7 @@ def chat_completion(
         "model": model,
         "system_fingerprint": system_fingerprint,
         "policy_version": policy_version,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": logprobs,
-                "finish_reason": reply.finish_reason,
-            }
-        ],
+        "choices": body_choices,
         "usage": usage_counts,
     }
 
@@ -177,16 +182,19 @@ def chat_chunk(
     logprobs: dict[str, Any] | None = None,
     usage_counts: dict[str, int] | None = None,
     policy_version: int | None = None,
+    index: int = 0,
+    interaction_id: str | None = None,
 ) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    if interaction_id is not None:
+        choice["interaction_id"] = interaction_id
     chunk: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "system_fingerprint": system_fingerprint,
-        "choices": []
-        if delta is None
-        else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [] if delta is None else [choice],
     }
     if usage_counts is not None:
         chunk["usage"] = usage_counts
@@ -200,17 +208,28 @@ def tool_call_deltas(tool_calls: Sequence[dict[str, Any]]) -> list[dict[str, Any
     return [{"index": i, **call} for i, call in enumerate(tool_calls)]
 
 
+def text_choice(
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None,
+    interaction_id: str | None = None,
+) -> dict[str, Any]:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if interaction_id is not None:
+        choice["interaction_id"] = interaction_id
+    return choice
+
+
 def text_completion(
     *,
     completion_id: str,
     created: int,
     model: str,
-    text: str,
-    finish_reason: str | None,
-    logprobs: dict[str, Any] | None,
-    usage_counts: dict[str, int] | None,
-    policy_version: int | None,
+    choices: list[dict[str, Any]],
     system_fingerprint: str,
+    usage_counts: dict[str, int] | None = None,
+    policy_version: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": completion_id,
@@ -218,9 +237,7 @@ def text_completion(
         "created": created,
         "model": model,
         "system_fingerprint": system_fingerprint,
-        "choices": [
-            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
+        "choices": choices,
     }
     if usage_counts is not None:
         body["usage"] = usage_counts

@@ -60,6 +60,7 @@ class Collected:
 
     ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    sampled: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     text: str = ""
@@ -69,6 +70,7 @@ class Collected:
     def add(self, chunk: TokenChunk) -> None:
         self.ids += chunk.token_ids
         self.logprobs += chunk.logprobs
+        self.sampled += chunk.sampled_logprobs or [0.0] * len(chunk.token_ids)
         self.versions += chunk.versions
         self.text += chunk.text
         if chunk.top_logprobs is not None:
@@ -109,9 +111,12 @@ def plan_generation(
     stop_ids: tuple[int, ...],
     timeout_s: float,
     extra: Mapping[str, Any],
+    grammar: str | None = None,
+    think_budget: int | None = None,
 ) -> tuple[GenerationRequest, DecodingParams]:
     """(the worker request, the decoding parameters to record). 400 when the prompt leaves no
-    room; max_tokens None means the rest of the context."""
+    room; max_tokens None, or above the rest of the context, means the rest of the context
+    (clamped as vLLM's and llama.cpp's servers do: agents send the context size)."""
     if len(input_ids) >= context_length:
         raise bad_request(
             f"this model's context is {context_length} tokens and the prompt has "
@@ -119,7 +124,9 @@ def plan_generation(
             param="messages",
             code="context_length_exceeded",
         )
-    max_tokens = decoding.max_tokens or context_length - len(input_ids)
+    room = context_length - len(input_ids)
+    requested = decoding.max_tokens
+    max_tokens = room if requested is None else min(requested, room)
     seed = decoding.seed if decoding.seed is not None else secrets.randbits(31)
     generation = GenerationRequest(
         input_ids=tuple(input_ids),
@@ -132,6 +139,8 @@ def plan_generation(
         top_logprobs=decoding.top_logprobs,
         request_id=secrets.token_hex(8),
         timeout_s=timeout_s,
+        grammar=grammar,
+        think_budget=think_budget,
     )
     recorded = DecodingParams(
         temperature=decoding.temperature,
@@ -141,7 +150,8 @@ def plan_generation(
         stop=decoding.stop,
         seed=seed,
         extra={
-            "requested_max_tokens": decoding.max_tokens,
+            "requested_max_tokens": requested,
+            "max_tokens_clamped": requested is not None and requested > room,
             "seed_given": decoding.seed is not None,
             "logprobs": decoding.logprobs,
             "top_logprobs": decoding.top_logprobs,
@@ -221,8 +231,24 @@ class GenerationRunner:
         return collected, _prepend([first], chunks)
 
 
-async def _prepend(items: list, rest: AsyncIterator) -> AsyncIterator:
-    for item in items:
-        yield item
-    async for item in rest:
-        yield item
+class _Prefixed:
+    """`items` then `rest`; closing it closes `rest` (the worker stream), started or not."""
+
+    def __init__(self, items: list, rest: AsyncIterator):
+        self._items, self._rest = list(items), rest
+
+    def __aiter__(self) -> _Prefixed:
+        return self
+
+    async def __anext__(self):
+        if self._items:
+            return self._items.pop(0)
+        return await self._rest.__anext__()
+
+    async def aclose(self) -> None:
+        self._items = []
+        await self._rest.aclose()
+
+
+def _prepend(items: list, rest: AsyncIterator) -> AsyncIterator:
+    return _Prefixed(items, rest)

@@ -30,6 +30,7 @@ from sao_jax.tokenizers import Tokenizer
 from serving.common.errors import ApiError
 from serving.worker.admission import staleness_capacity, validate_request
 from serving.worker.config import WorkerConfig
+from serving.worker.constraints import GrammarCompiler
 from serving.worker.generation import Finished, GenerationHandle, GenerationRequest, TextTracker
 from serving.worker.metrics import WorkerMetrics
 from serving.worker.scoring import TopLogprobScorer
@@ -70,6 +71,10 @@ class GenerationEngine:
         self.metrics = metrics or WorkerMetrics()
         self.vocab_size = sampler.config.vocab_size
         self._scorer = TopLogprobScorer(sampler)
+        self._grammars: GrammarCompiler | None = None  # built at the first grammar request
+        think = (tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>"))
+        # A thinking budget needs both tags as single tokens; without them it is not applied.
+        self._think_ids = None if None in think else think
         self._deactivate = jax.jit(_deactivate, donate_argnums=0)
         self._cv = threading.Condition()
         self._pending: collections.deque[GenerationHandle] = collections.deque()
@@ -113,9 +118,12 @@ class GenerationEngine:
             for length in lengths:
                 prompts = [[self.tokenizer.pad_id] * length] * rows
                 sampling = SamplingParams(max_new_tokens=context - length, seed=0)
-                state, *_ = sampler.prefill(state, prompts, list(range(rows)), sampling)
+                state, *_ = sampler.prefill(
+                    state, prompts, list(range(rows)), sampling, behaviour=True
+                )
                 runs += 1
-        state, *_ = sampler.decode(state, self.config.decode_steps)
+        # The masked kernels (constrained decoding) compile at the first constrained request.
+        state, *_ = sampler.decode(state, self.config.decode_steps, behaviour=True)
         del state
         return runs + 1
 
@@ -154,10 +162,27 @@ class GenerationEngine:
             batch_size=self.config.staleness_batch_size,
         )
 
+    def _compile(self, grammar: str):
+        if self._grammars is None:
+            backend = getattr(self.tokenizer, "backend", None)
+            if backend is None:
+                raise ApiError(
+                    400,
+                    "constrained decoding needs a Hugging Face `tokenizers` tokenizer",
+                    param="response_format",
+                )
+            self._grammars = GrammarCompiler(
+                backend.to_str(), self.vocab_size, tuple(self.tokenizer.stop_ids)
+            )
+        return self._grammars.compile(grammar)
+
     def submit(self, request: GenerationRequest) -> GenerationHandle:
-        """Queue a request (call from an event loop). 400 if invalid, 429 over capacity."""
+        """Queue a request (call from an event loop). 400 if invalid (a grammar that does not
+        compile included), 429 over capacity."""
         self.validate(request)
         handle = GenerationHandle(request, asyncio.get_running_loop())
+        if request.grammar is not None:
+            handle.constraint = self._compile(request.grammar)
         with self._cv:
             if self._stopping:
                 raise ApiError(503, "the worker is shutting down", code="shutting_down")
@@ -340,7 +365,10 @@ class GenerationEngine:
         for index, handle in admitted:
             stop_ids = frozenset(self._stop_ids(handle.request))
             tracker = TextTracker(self.tokenizer, handle.request.stop, stop_ids)
-            self._slots[index] = Slot(handle, stop_ids, tracker, admitted_at=now)
+            slot = Slot(handle, stop_ids, tracker, admitted_at=now)
+            if handle.request.think_budget is not None and self._think_ids is not None:
+                slot.start_budget(self._think_ids)
+            self._slots[index] = slot
             self.metrics.queue_seconds.observe(now - handle.submitted_at)
         rows = [
             (index, list(handle.request.input_ids), handle.request.max_tokens, handle.request.seed)
@@ -355,19 +383,46 @@ class GenerationEngine:
         """rows: (slot, prompt ids, max new tokens, seed); samples each slot's next token."""
         version = self.sampler.policy_version
         sampling = [self._sampling(self._slots[i].request, m, seed) for i, _, m, seed in rows]
-        state, first, logp, _ = self.sampler.prefill(
-            state, [r[1] for r in rows], [r[0] for r in rows], sampling
+        mask = self._token_mask([self._slots[r[0]] for r in rows])
+        state, first, logp, _, sampled = self.sampler.prefill(
+            state,
+            [r[1] for r in rows],
+            [r[0] for r in rows],
+            sampling,
+            token_mask=mask,
+            behaviour=True,
         )
         stopped = []
-        for (index, _, _, _), token, lp in zip(rows, first, logp, strict=True):
-            if self._extend(self._slots[index], [int(token)], [float(lp)], version):
+        for (index, _, _, _), token, lp, sp in zip(rows, first, logp, sampled, strict=True):
+            if self._extend(self._slots[index], [int(token)], [float(lp)], version, [float(sp)]):
                 stopped.append(index)
         return self._deactivate_slots(state, stopped)
+
+    def _token_mask(self, slots: list[Slot | None]) -> np.ndarray | None:
+        """[len(slots), ceil(V / 32)] bitmask: each constrained slot's next allowed ids, every
+        id for the others; None when no slot is constrained (the unmasked kernel runs)."""
+        words = (self.vocab_size + 31) // 32
+        rows = [s.next_mask(words) if s is not None and s.live else None for s in slots]
+        if all(row is None for row in rows):
+            return None
+        mask = np.full((len(slots), words), -1, np.int32)
+        for index, row in enumerate(rows):
+            if row is not None:
+                mask[index] = row
+        return mask
 
     def _decode(self, state: DecodeState) -> DecodeState:
         version = self.sampler.policy_version
         start = time.perf_counter()
-        state, tokens, logp, emitted = self.sampler.decode(state, self.config.decode_steps)
+        # A grammar's mask holds for one token: while a constrained reply runs, the batch
+        # decodes one token per dispatch (the host computes the next masks in between).
+        steps = self.config.decode_steps
+        if any(s is not None and s.needs_single_steps(steps) for s in self._slots):
+            steps = 1
+        mask = self._token_mask(self._slots) if steps == 1 else None
+        state, tokens, logp, emitted, sampled = self.sampler.decode(
+            state, steps, token_mask=mask, behaviour=True
+        )
         self.metrics.decode_seconds.observe(time.perf_counter() - start)
         counts = emitted.sum(axis=1)
         stopped = []
@@ -375,13 +430,26 @@ class GenerationEngine:
             if slot is None or not slot.live or counts[index] == 0:
                 continue
             n = int(counts[index])
-            if self._extend(slot, tokens[index, :n].tolist(), logp[index, :n].tolist(), version):
+            if self._extend(
+                slot,
+                tokens[index, :n].tolist(),
+                logp[index, :n].tolist(),
+                version,
+                sampled[index, :n].tolist(),
+            ):
                 stopped.append(index)
         return self._deactivate_slots(state, stopped)
 
-    def _extend(self, slot: Slot, tokens: list[int], logprobs: list[float], version: int) -> bool:
+    def _extend(
+        self,
+        slot: Slot,
+        tokens: list[int],
+        logprobs: list[float],
+        version: int,
+        sampled: list[float],
+    ) -> bool:
         self.metrics.generated_tokens.inc(len(tokens))
-        return slot.extend(tokens, logprobs, version)
+        return slot.extend(tokens, logprobs, version, sampled)
 
     def _score_top_logprobs(self, state: DecodeState) -> None:
         rows, targets = [], []

@@ -21,7 +21,11 @@ REPLACEMENT_CHAR = "\ufffd"  # what a byte-level decode shows for an unfinished 
 
 @dataclasses.dataclass(frozen=True)
 class GenerationRequest:
-    """input_ids [P]; stop_token_ids None means the tokenizer's stop ids (EOS, <|im_end|>)."""
+    """input_ids [P]; stop_token_ids None means the tokenizer's stop ids (EOS, <|im_end|>);
+    grammar: a Lark grammar (llguidance dialect, see `constraints.py`) the output must match,
+    enforced by a token mask while sampling (None: unconstrained); think_budget: at most this
+    many tokens between <think> and </think> (</think> is forced then; 0: <think> is never
+    sampled; None: no limit)."""
 
     input_ids: tuple[int, ...]
     max_tokens: int
@@ -34,6 +38,8 @@ class GenerationRequest:
     top_logprobs: int = 0
     request_id: str = ""
     timeout_s: float | None = None
+    grammar: str | None = None
+    think_budget: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -50,14 +56,17 @@ class GenerationRequest:
 
 @dataclasses.dataclass(frozen=True)
 class TokenChunk:
-    """Tokens generated since the last chunk: ids [n], log-probs [n] (temperature 1), the
-    policy version of each [n], the text they add, and top log-probs [n][k] (id, logp)."""
+    """Tokens generated since the last chunk: ids [n], log-probs [n] (the policy's, at
+    temperature 1), the policy version of each [n], the text they add, top log-probs [n][k]
+    (id, logp), and sampled log-probs [n]: under the distribution each token was actually drawn
+    from (temperature, top-k, top-p and grammar mask applied; 0 for greedy)."""
 
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     text: str
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    sampled_logprobs: list[float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "chunk", **dataclasses.asdict(self)}
@@ -102,6 +111,7 @@ class GenerationHandle:
         self.submitted_at = time.monotonic()
         self.deadline = None if request.timeout_s is None else self.submitted_at + request.timeout_s
         self.cancelled = False
+        self.constraint = None  # the compiled grammar (`constraints.TokenConstraint`), if any
         self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
 
     def cancel(self) -> None:

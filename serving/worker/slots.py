@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
+
+from serving.worker.constraints import TokenConstraint
 from serving.worker.generation import (
     Finished,
     GenerationHandle,
@@ -30,6 +33,7 @@ class Slot:
     admitted_at: float
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    sampled: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     delivered: int = 0
@@ -37,17 +41,38 @@ class Slot:
     live: bool = True
     finish: str | None = None
     stop_reason: str | int | None = None
+    think_ids: tuple[int, int] | None = None  # (<think>, </think>) when the budget applies
+    thinking: int | None = None  # tokens thought so far while inside <think>, else None
 
     @property
     def request(self) -> GenerationRequest:
         return self.handle.request
 
-    def extend(self, tokens: list[int], logprobs: list[float], version: int) -> bool:
-        """Append sampled tokens and decide whether the request is done. Returns True when a
-        stop string ended it while the sampler still had it active (the engine must then
-        deactivate the slot); tokens after the stop string are dropped."""
+    @property
+    def constraint(self) -> TokenConstraint | None:
+        return self.handle.constraint
+
+    def extend(
+        self, tokens: list[int], logprobs: list[float], version: int, sampled: list[float]
+    ) -> bool:
+        """Append sampled tokens (policy log-probs, sampled-distribution log-probs) and decide
+        whether the request is done. Returns True when a stop string ended it while the
+        sampler still had it active (the engine must then deactivate the slot); tokens after
+        the stop string are dropped."""
+        if self.constraint is not None:
+            for token in tokens:
+                self.constraint.consume(token)
+        if self.think_ids is not None:
+            for token in tokens:
+                if token == self.think_ids[0]:
+                    self.thinking = 0
+                elif token == self.think_ids[1]:
+                    self.thinking = None
+                elif self.thinking is not None:
+                    self.thinking += 1
         self.output.extend(tokens)
         self.logprobs.extend(logprobs)
+        self.sampled.extend(sampled)
         self.versions.extend([version] * len(tokens))
         max_tokens = self.request.max_tokens
         sampler_done = self.output[-1] in self.stop_ids or len(self.output) >= max_tokens
@@ -55,6 +80,7 @@ class Slot:
         self.text += delta
         if keep is not None:
             del self.output[keep:], self.logprobs[keep:], self.versions[keep:]
+            del self.sampled[keep:]
             self.finish, self.stop_reason = "stop", stop
         elif self.output[-1] in self.stop_ids:
             self.finish, self.stop_reason = "stop", self.output[-1]
@@ -64,6 +90,46 @@ class Slot:
             return False
         was_live, self.live = self.live, False
         return keep is not None and was_live and not sampler_done
+
+    def start_budget(self, think_ids: tuple[int, int]) -> None:
+        """Apply the request's thinking budget; a prompt that ends inside <think> (a template
+        that opens the thinking block itself) starts the count at once."""
+        self.think_ids = think_ids
+        prompt = self.request.input_ids
+        opened = max((i for i, t in enumerate(prompt) if t == think_ids[0]), default=-1)
+        closed = max((i for i, t in enumerate(prompt) if t == think_ids[1]), default=-1)
+        self.thinking = 0 if opened > closed else None
+
+    def next_mask(self, words: int) -> np.ndarray | None:
+        """[words] int32 bitmask of the ids allowed next (the grammar's; or, under a thinking
+        budget, no <think> at budget 0 and only </think> once the budget is spent), or None
+        when every id is."""
+        if self.constraint is not None:
+            return self.constraint.bitmask()
+        if self.think_ids is None:
+            return None
+        budget, (open_id, close_id) = self.request.think_budget, self.think_ids
+        if self.thinking is None and budget == 0:
+            mask = np.full((words,), -1, np.int32)
+            mask.view(np.uint32)[open_id // 32] &= ~np.uint32(1 << (open_id % 32))
+            return mask
+        if self.thinking is not None and self.thinking >= budget:
+            mask = np.zeros((words,), np.int32)
+            mask.view(np.uint32)[close_id // 32] |= np.uint32(1 << (close_id % 32))
+            return mask
+        return None
+
+    def needs_single_steps(self, steps: int) -> bool:
+        """Whether the next `steps` tokens could need a mask (then decode one at a time)."""
+        if not self.live:
+            return False
+        if self.constraint is not None:
+            return True
+        if self.think_ids is None:
+            return False
+        if self.thinking is None:
+            return self.request.think_budget == 0
+        return self.thinking + steps > self.request.think_budget
 
     def end(self, reason: str) -> bool:
         """Finish early (cancelled, timeout); returns whether the slot was live."""
@@ -104,6 +170,7 @@ class Slot:
                     self.versions[self.delivered : upto],
                     self.text,
                     top,
+                    self.sampled[self.delivered : upto],
                 )
             )
             self.delivered, self.text = upto, ""

@@ -58,6 +58,15 @@ FIELDS = (
     "step",
     "user",
     "metadata",
+    # the Responses API
+    "input",
+    "instructions",
+    "previous_response_id",
+    "max_output_tokens",
+    "text",
+    "reasoning",
+    "reasoning_effort",
+    "store",
 )
 ROLES = ("system", "developer", "user", "assistant", "tool", "function", "", "robot")
 
@@ -164,6 +173,8 @@ def _api_object() -> st.SearchStrategy[dict]:
         "tools": tools,
         "max_tokens": st.integers(-2, 4) | json_values,  # small: valid calls stay quick
         "max_completion_tokens": st.integers(-2, 4) | json_values,
+        "input": st.text(max_size=20) | messages | json_values,
+        "max_output_tokens": st.integers(-2, 4) | json_values,
         "stream": st.booleans() | json_values,
         "reward": st.floats(allow_nan=True, allow_infinity=True) | json_values,
         "session_id": st.text(max_size=30) | json_values,
@@ -172,9 +183,10 @@ def _api_object() -> st.SearchStrategy[dict]:
         "path": st.sampled_from(["", ".", "/", "/nonexistent", "gs://x/y", "\x00"]) | json_values,
         "version": st.integers(-(2**64), 2**64) | json_values,
     }
+    short = ("max_tokens", "max_output_tokens")  # chat / Responses: valid calls stay quick
     required = st.fixed_dictionaries(
-        {"max_tokens": st.integers(1, 4)},
-        optional={name: s for name, s in plausible.items() if name != "max_tokens"},
+        {name: st.integers(1, 4) for name in short},
+        optional={name: s for name, s in plausible.items() if name not in short},
     )
     loose = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), json_values, max_size=6)
     return required | loose

@@ -179,11 +179,10 @@ def test_bad_input_gets_clear_4xx_and_server_keeps_serving(server):
             ({"messages": None}, 400, "messages"),
             ({"temperature": "hot"}, 400, "temperature"),
             ({"max_tokens": -3}, 400, "max_tokens"),
-            ({"n": 3}, 400, "one choice"),
-            ({"bogus": True}, 400, "unrecognized"),
+            ({"n": 30}, 400, "[1, 8]"),
             ({"model": "gpt-4o"}, 404, "does not exist"),
             ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "context"),
-            ({"max_tokens": 100_000}, 400, "context"),
+            ({"max_tokens": 2**40}, 400, "2147483647"),
             ({"messages": [{"role": "tool", "content": "x"}]}, 400, "tool_call_id"),
         ]:
             assert_error(

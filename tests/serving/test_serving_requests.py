@@ -73,13 +73,27 @@ def test_chat_request_survives_the_wire():
         ({"stop": 3}, "stop", "string or a list"),
         ({"top_logprobs": 2}, "top_logprobs", "needs 'logprobs'"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
-        ({"n": 2}, "n", "one choice"),
-        ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
-        ({"logit_bias": {"1": 5}}, "logit_bias", "not supported"),
-        ({"tool_choice": "required"}, "tool_choice", "'auto' or 'none'"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "text"),
+        ({"max_tokens": 2**40}, "max_tokens", "largest accepted value is 2147483647"),
+        ({"max_completion_tokens": 2**31}, "max_completion_tokens", "2147483647"),
+        ({"top_k": 2**40}, "top_k", "[-1, 2147483647]"),
+        ({"n": 9}, "n", "[1, 8]"),
+        ({"n": 0}, "n", "[1, 8]"),
+        ({"presence_penalty": 3}, "presence_penalty", "[-2.0, 2.0]"),
+        ({"frequency_penalty": "x"}, "frequency_penalty", "number"),
+        ({"logit_bias": {"a": 5}}, "logit_bias", "token ids"),
+        ({"logit_bias": {"1": 500}}, "1", "[-100.0, 100.0]"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+        ({"reasoning_effort": "huge"}, "reasoning_effort", "'xhigh', 'max'"),
+        ({"tool_choice": "required"}, "tool_choice", "no 'tools' were given"),
+        ({"tool_choice": "sometimes"}, "tool_choice", "'required'"),
+        ({"tool_choice": 3}, "tool_choice", "must be 'auto'"),
+        ({"response_format": {"type": "xml"}}, "response_format", "'json_schema'"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}},
+            "response_format.json_schema.name",
+            "[A-Za-z0-9_-]",
+        ),
         ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
-        ({"frobnicate": 1}, "frobnicate", "unrecognized request argument"),
         ({"stream": "yes"}, "stream", "boolean"),
         ({"tools": {"name": "f"}}, "tools", "list"),
         ({"tools": [{"description": "no name"}]}, "tools", "no function name"),
@@ -140,8 +154,147 @@ def test_completion_prompt_forms_and_defaults():
         ({"prompt": "x", "best_of": 3}, "best_of", "not supported"),
         ({"prompt": "x", "suffix": "y"}, "suffix", "not supported"),
         ({"prompt": "x", "logprobs": -1}, "logprobs", "[0, 20]"),
-        ({"prompt": "x", "messages": []}, "messages", "unrecognized"),
+        ({"prompt": "x", "n": 20}, "n", "[1, 8]"),
     ],
 )
 def test_completion_rejects_bad_fields(fields, param, fragment):
     rejects(lambda **f: parse_completion_request({"model": "m", **f}), param, fragment, **fields)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_what_agents_send_is_accepted():
+    messages = [
+        {"role": "developer", "content": "You are terse."},
+        {"role": "system", "content": "Tools are slow."},
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "Answer in French."},
+    ]
+    request = parse_chat_request(
+        {
+            "model": "m",
+            "messages": messages,
+            "reasoning_effort": "xhigh",
+            "n": 3,
+            "max_tokens": 2**31 - 1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
+            "logit_bias": {"50256": -100},
+            "user": "u",
+            "parallel_tool_calls": False,
+            "x_vendor_extension": {"anything": [1, 2]},
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True},
+            },
+        }
+    )
+    assert [m["role"] for m in request.messages] == ["system", "system", "user", "system"]
+    assert request.reasoning_effort == "xhigh" and request.n == 3
+    assert request.decoding.max_tokens == 2**31 - 1  # clamped to the context by the proxy
+    assert request.ignored == (
+        "frequency_penalty",
+        "logit_bias",
+        "parallel_tool_calls",
+        "presence_penalty",
+        "user",
+        "x_vendor_extension",
+    )
+    assert request.tool_choice == {"name": "get_weather"}
+    assert request.response_format == {
+        "type": "json_schema",
+        "name": "out",
+        "schema": {"type": "object"},
+        "strict": True,
+    }
+    assert ChatRequest.from_json(request.to_json()) == request
+    assert chat(response_format={"type": "json_object"}).response_format == {"type": "json_object"}
+    assert chat(response_format={"type": "text"}).response_format is None
+
+
+def tool(name="f", parameters=None, **fields):
+    function = {"name": name, **fields}
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+@pytest.mark.parametrize(
+    ("tools", "param", "fragment"),
+    [
+        ([tool(parameters={"type": "string"})], "tools[0].function.parameters", '"type": "object"'),
+        ([tool(parameters=["city"])], "tools[0].function.parameters", "got list"),
+        (
+            [tool(parameters={"type": "object", "properties": {"a": {"type": "str"}}})],
+            "tools[0].function.parameters.properties.a",
+            "not a JSON Schema type",
+        ),
+        (
+            [tool(parameters={"type": "object", "required": "a"})],
+            "tools[0].function.parameters",
+            "list of property names",
+        ),
+        ([tool(name="get weather")], "tools[0].function.name", "1 to 64 characters"),
+        ([tool(name="x" * 65)], "tools[0].function.name", "1 to 64 characters"),
+        ([tool(name="")], "tools[0].function.name", "1 to 64"),
+        ([tool(), tool()], "tools[1].function.name", "already used by tools[0]"),
+        ([{"type": "web_search"}], "tools", "no function name"),
+        ([{"type": "custom", "function": {"name": "f"}}], "tools[0]", "only function tools"),
+        ([tool(description=3)], "tools[0]", "description must be a string"),
+        ([tool(str(i)) for i in range(129)], "tools", "at most 128"),
+    ],
+)
+def test_bad_tools_are_refused_naming_the_limit(tools, param, fragment):
+    rejects(chat, param, fragment, tools=tools)
+
+
+def test_good_tool_schemas_pass():
+    nested = {
+        "type": "object",
+        "properties": {
+            "when": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "items": {"type": "array", "items": {"type": ["integer", "number"]}},
+        },
+        "required": ["when"],
+        "additionalProperties": False,
+    }
+    request = chat(tools=[tool("a-b_C9", nested), tool("empty", {}), tool("none")])
+    assert [t["function"]["name"] for t in request.tools] == ["a-b_C9", "empty", "none"]
+    error = rejects(
+        chat,
+        "tool_choice",
+        "not among the tools",
+        tools=[tool()],
+        tool_choice={"type": "function", "function": {"name": "g"}},
+    )
+    assert "['f']" in error.message
+
+
+def test_tool_history_ids_must_match_a_call():
+    call = {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "ok"},
+    ]
+    assert len(chat(messages=history).messages) == 3
+    wrong = [*history[:2], {"role": "tool", "tool_call_id": "call_b", "content": "ok"}]
+    rejects(chat, "messages[2].tool_call_id", "'call_b' answers no tool call", messages=wrong)
+    no_id = [
+        history[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+        },
+    ]
+    rejects(chat, "messages[1].tool_calls[0].id", "needs an 'id'", messages=no_id)

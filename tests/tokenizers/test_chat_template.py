@@ -91,11 +91,6 @@ def test_text_parts_are_joined():
         (["hello"], TypeError, "message 0 is str"),
         ([{"role": "robot", "content": "x"}], ValueError, "role 'robot'"),
         ([{"role": "user"}], ValueError, "message 0 .user. has no 'content'"),
-        (
-            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
-            ValueError,
-            "only message 0",
-        ),
         ([{"role": "user", "content": [{"type": "image_url"}]}], ValueError, "'image_url'"),
         (
             [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}],
@@ -114,12 +109,23 @@ def test_bad_tool_spec_is_named():
         render_chatml([{"role": "user", "content": "x"}], tools=[{"description": "nameless"}])
 
 
+LATE_SYSTEM = {"role": "system", "content": "Answer in French."}
+
+
+def test_a_later_system_message_is_rendered_in_place():
+    messages = [*TOOL_CONVERSATION[:2], LATE_SYSTEM]
+    text = render_chatml(messages, tools=[WEATHER_TOOL])
+    assert text.count("<|im_start|>system\n") == 2
+    assert text.endswith("<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>assistant\n")
+
+
 @pytest.mark.parametrize("with_tools", [False, True])
 def test_jinja_template_matches_python_renderer_in_transformers(with_tools):
     from transformers.utils.chat_template_utils import render_jinja_template
 
     tools = [WEATHER_TOOL] if with_tools else None
     conversation = TOOL_CONVERSATION if with_tools else TOOL_CONVERSATION[:2]
+    conversation = [*conversation, LATE_SYSTEM]
     rendered, _ = render_jinja_template(
         conversations=[conversation],
         tools=tools,

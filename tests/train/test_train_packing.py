@@ -313,3 +313,46 @@ def test_learner_packs_into_fewer_rows(loader_batch):
     assert dataclasses.replace(LearnerConfig(), pack_row_multiple=3).pack_row_multiple == 3
     with pytest.raises(ValueError, match="pack_row_multiple must be >= 1"):
         LearnerConfig(pack_row_multiple=0)
+
+
+@pytest.fixture(scope="module")
+def sparse_batch(tmp_path_factory):
+    """14 rows of 5 episodes in a 40-row batch: most rows empty, as in an RL batch."""
+    episodes = [
+        episode(f"s{i}", seed=i, concat=False, turns=2 + i % 3, reward=float(i % 2))
+        for i in range(5)
+    ]
+    store = write_store(tmp_path_factory.mktemp("sparse"), episodes)
+    return first_batch(store, rows=40, seq_len=24, layout="windowed")
+
+
+def test_compacted_rows_keep_every_filled_row_in_order(sparse_batch):
+    learner = Learner(config(True), tiny_policy())
+    host = {k: np.asarray(sparse_batch[k]) for k in ("tokens", "segment_ids", "traj_index")}
+    filled = np.flatnonzero(host["segment_ids"].any(axis=1))
+    compact = packing.compact_rows(host, learner.placement, row_multiple=2)
+    assert len(filled) == 14 and compact["tokens"].shape[0] == 16  # bucket 2 x 8
+    kept = compact["segment_ids"].any(axis=1)
+    np.testing.assert_array_equal(compact["tokens"][kept], host["tokens"][filled])
+    old, new = host["traj_index"][filled], compact["traj_index"][kept]
+    assert (np.diff(new) >= 0).all() and set(new) == set(range(len(set(old))))
+    assert ((old[:, None] == old[None, :]) == (new[:, None] == new[None, :])).all()
+    assert (compact["traj_index"][~kept] == -1).all()
+    assert packing.compact_rows(host, learner.placement, 32)["tokens"].shape[0] == 32
+    full = packing.compact_rows(host, learner.placement, row_multiple=48)
+    assert full["tokens"].shape[0] == 40  # the bucket (48) would exceed the batch: unchanged
+
+
+def test_learner_iterations_on_compacted_rows_match_unpacked(sparse_batch):
+    runs = {}
+    for pack in (False, True):
+        learner = Learner(config(pack), tiny_policy())
+        runs[pack] = (learner, [learner.iteration(sparse_batch) for _ in range(2)])
+    assert runs[True][0]._device_batch(sparse_batch, compact=True)["tokens"].shape[0] == 16
+    (plain, plain_metrics), (packed, packed_metrics) = runs.values()
+    for one, two in zip(plain_metrics, packed_metrics, strict=True):
+        assert one.keys() == two.keys()
+        for key in one:
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    assert_trees_close(packed.policy_params, plain.policy_params, rtol=1e-4, atol=2e-6)
+    assert_trees_close(packed.critic_params, plain.critic_params, rtol=1e-4, atol=2e-6)

@@ -1,0 +1,77 @@
+"""Token-level constraints for the worker: a grammar (llguidance) per constrained request,
+turned into the bitmask of ids the sampler may draw next.
+
+llguidance (Microsoft's low-level guidance engine, also behind vLLM's and llama.cpp's
+structured outputs) compiles Lark grammars with inline JSON Schemas (`%json {...}`) against the
+served tokenizer and answers, after each token, which ids keep the output inside the grammar.
+Once the grammar is complete only the stop tokens are allowed, so the reply ends there.
+
+The data proxy writes the grammars (`serving/proxy/grammars.py`: it knows the chat format,
+e.g. Qwen's `<tool_call>` blocks); the worker only compiles and follows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+import numpy as np
+
+from serving.common.errors import bad_request
+
+
+class GrammarCompiler:
+    """The served tokenizer as llguidance sees it; compiles grammars into `TokenConstraint`s."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]):
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.stop_mask = np.zeros((self.words,), np.uint32)
+        for token in stop_ids:
+            self.stop_mask[token // 32] |= np.uint32(1 << (token % 32))
+        self.stop_mask = self.stop_mask.view(np.int32)
+        self.tokenizer = llguidance.LLTokenizer(
+            tokenizer_json, n_vocab=vocab_size, eos_token=list(stop_ids)
+        )
+
+    def compile(self, grammar: str) -> TokenConstraint:
+        """400 naming the problem when the grammar (or a schema inside it) is invalid."""
+        try:
+            matcher = llguidance.LLMatcher(
+                self.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
+            )
+        except (ValueError, RuntimeError) as error:
+            raise bad_request(f"cannot compile the output constraint: {error}") from None
+        if matcher.is_error():
+            raise bad_request(f"cannot compile the output constraint: {matcher.get_error()}")
+        return TokenConstraint(matcher, self.words, self.stop_mask)
+
+
+class TokenConstraint:
+    """One request's grammar state: the next allowed ids, advanced token by token."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, words: int, stop_mask: np.ndarray):
+        self.matcher = matcher
+        self.words = words
+        self.stop_mask = stop_mask
+
+    def bitmask(self) -> np.ndarray:
+        """[ceil(V / 32)] int32, bit i % 32 of word i // 32 set when id i may come next. A
+        matcher in an error state (a broken grammar) allows only the stop tokens: the reply
+        ends rather than leaving the grammar."""
+        if self.matcher.is_error():
+            return self.stop_mask.copy()
+        mask = np.zeros((self.words,), np.int32)
+        bits = np.frombuffer(self.matcher.compute_bitmask(), np.int32)
+        n = min(len(bits), self.words)
+        mask[:n] = bits[:n]
+        return mask if mask.any() else self.stop_mask.copy()
+
+    def consume(self, token: int) -> None:
+        """Advance past a sampled token (the mask allowed it, so this cannot fail unless the
+        grammar itself is broken; the matcher then allows only stop tokens)."""
+        self.matcher.consume_token(int(token))
+
+    @property
+    def error(self) -> str | None:
+        return self.matcher.get_error() if self.matcher.is_error() else None
