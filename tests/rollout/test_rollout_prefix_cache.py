@@ -42,12 +42,12 @@ class EncodedPositions:
         self.tokens = self.padded = self.dispatches = 0
         dispatch = sampler._dispatch_prefill
 
-        def counting(state, prompts, starts, slots, sampling):
+        def counting(state, prompts, starts, slots, *rest):
             self.tokens += sum(len(p) for p in prompts)
             longest = max(len(p) for p in prompts)
             self.padded += bucket(len(prompts), 1) * bucket(longest, sampler.min_prompt_bucket)
             self.dispatches += 1
-            return dispatch(state, prompts, starts, slots, sampling)
+            return dispatch(state, prompts, starts, slots, *rest)
 
         monkeypatch.setattr(sampler, "_dispatch_prefill", counting)
 

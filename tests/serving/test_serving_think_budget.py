@@ -58,7 +58,7 @@ def test_budget_zero_never_opens_think(budget):
 def test_engine_closes_thinking_at_the_budget():
     """A prompt that opens <think> (as thinking templates do): the reply thinks at most 2
     tokens, then </think> is forced, whatever the model wanted; without a budget the random
-    model goes on."""
+    model goes on. No stop ids, so a random model cannot end the reply before the budget."""
     worker = Worker(WorkerConfig(num_slots=2, context_length=512, decode_steps=4), tool_model())
     worker.start()
     engine = worker.engine
@@ -66,7 +66,11 @@ def test_engine_closes_thinking_at_the_budget():
 
     async def run(seed, budget):
         request = GenerationRequest(
-            input_ids=tuple(prompt), max_tokens=8, seed=seed, think_budget=budget
+            input_ids=tuple(prompt),
+            max_tokens=8,
+            seed=seed,
+            think_budget=budget,
+            stop_token_ids=(),
         )
         ids = []
         async for event in engine.submit(request).events():
@@ -76,7 +80,7 @@ def test_engine_closes_thinking_at_the_budget():
     try:
         for seed in range(3):
             ids = asyncio.run(run(seed, 2))
-            assert max(thought(ids)) <= 2 and CLOSE in ids, ids
+            assert len(ids) == 8 and max(thought(ids)) <= 2 and CLOSE in ids, ids
         free = [asyncio.run(run(seed, None)) for seed in range(3)]
         assert any(max(thought(ids)) > 2 for ids in free)
     finally:
