@@ -53,7 +53,7 @@ def _reference(x, routing, weights, capacity=None):
 @pytest.mark.parametrize("n", [N, 8])
 @pytest.mark.parametrize("skewed", [False, True])
 @pytest.mark.parametrize("name", ["sorted_capacity", "ragged_dot"])
-def test_dropless_dispatch_matches_reference_and_skips_padding(name, skewed, n):
+def test_dropless_dispatch_matches_reference_and_zeroes_padding_rows(name, skewed, n):
     valid = np.ones(n, bool)
     valid[[3, 5]] = False
     x, routing, weights = _problem(n=n, valid=valid)
