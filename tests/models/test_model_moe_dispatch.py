@@ -95,8 +95,7 @@ def test_capacity_drops_the_overflow_in_token_order():
     capacity = expert_capacity(N, K, E, factor)
     y, kept = jax.jit(lambda *a: get_dispatch("sorted_capacity")(*a, factor))(x, routing, weights)
     ref, ref_kept = _reference(x, routing, weights, capacity=capacity)
-    assert ref_kept < N * K  # the case really drops
-    assert int(kept) == ref_kept
+    assert int(kept) == ref_kept < N * K  # the dispatch keeps what the reference keeps: not all
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 

@@ -96,7 +96,7 @@ def models():
     return nnx.split(policy), nnx.split(critic)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_policy_logprobs_loss_and_gradients_match_the_full_path(models, seed):
     (graphdef, state), _ = models
     batch = random_batch(seed)
@@ -209,7 +209,7 @@ def loader_batch(tmp_path_factory):
     return first_batch(store, rows=12, seq_len=24, layout="windowed")
 
 
-@pytest.mark.parametrize("algorithm", ["sao", "ppo"])
+@pytest.mark.parametrize("algorithm", ["sao", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_learner_iterations_match_the_all_positions_path(loader_batch, algorithm):
     assert LearnerConfig().head_positions == "actions"  # the default
     runs = {}

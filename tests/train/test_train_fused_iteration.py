@@ -173,7 +173,9 @@ def run_both(cfg: LearnerConfig, batches, *, mesh=None):
     "changes",
     [
         pytest.param({"algorithm": "sao"}, id="sao"),
-        pytest.param({"algorithm": "ppo", "ppo_epochs": 2}, id="ppo-2-epochs"),
+        pytest.param(
+            {"algorithm": "ppo", "ppo_epochs": 2}, id="ppo-2-epochs", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_fused_iteration_matches_the_step_by_step_one_in_warmup_and_after(batches, changes):
@@ -184,6 +186,7 @@ def test_fused_iteration_matches_the_step_by_step_one_in_warmup_and_after(batche
     assert fused.counters.critic_steps == 3 * cfg.critic_steps
 
 
+@pytest.mark.slow
 def test_fused_grpo_iteration_matches_the_step_by_step_one(batches):
     fused, _, _ = run_both(config(algorithm="grpo"), batches["grouped"])
     assert fused.counters.policy_version == 2 and fused.critic_params is None
@@ -207,6 +210,7 @@ def test_a_non_finite_batch_skips_every_fused_step_and_leaves_the_weights(batche
     assert_same_run(after, states(reference), start)
 
 
+@pytest.mark.slow
 def test_fused_iteration_on_a_mesh_matches_the_step_by_step_one_and_keeps_shardings(batches):
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, expert=2, tensor=1))
     fused, reference, _ = run_both(config(critic_steps=3), batches["near"][:2], mesh=mesh)

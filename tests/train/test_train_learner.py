@@ -164,6 +164,7 @@ def test_a_non_finite_loss_skips_the_update_and_never_touches_the_weights(batch)
     assert learner.policy_version == 2
 
 
+@pytest.mark.slow
 def test_ppo_takes_its_ratio_against_the_learners_own_old_logprobs(batch):
     learner = Learner(config(algorithm="ppo", ppo_epochs=1), tiny_policy())
     # rollout log-probs far from the policy: PPO must ignore them
@@ -246,6 +247,7 @@ def test_resume_continues_exactly_where_the_saved_run_stood(batch, tmp_path):
         wrong.restore(checkpointer)
 
 
+@pytest.mark.slow
 def test_sharded_learner_matches_the_single_device_one(batch):
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, expert=2, tensor=1))
     # Adam's first step is lr * g / (|g| + eps): with eps 1e-8, a gradient of ~1e-8 whose

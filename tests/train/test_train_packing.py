@@ -165,8 +165,15 @@ def with_pack(batch: dict[str, np.ndarray], **kw) -> dict[str, jnp.ndarray]:
     return {k: jnp.asarray(v) for k, v in {**batch, **packing.pack_batch(batch, **kw)}.items()}
 
 
-@pytest.mark.parametrize("capacity", [None, "fullest"])
-@pytest.mark.parametrize("packed_len", [24, 40])
+@pytest.mark.parametrize(
+    ("capacity", "packed_len"),
+    [
+        (None, 24),
+        pytest.param("fullest", 24, marks=pytest.mark.slow),
+        pytest.param(None, 40, marks=pytest.mark.slow),
+        pytest.param("fullest", 40, marks=pytest.mark.slow),
+    ],
+)
 def test_policy_log_probs_loss_and_gradients_match_unpacked(models, capacity, packed_len):
     (graphdef, state), _ = models
     batch = random_batch(4)
@@ -257,6 +264,7 @@ def loader_batch(tmp_path_factory):
     return first_batch(store, rows=16, seq_len=24, layout="windowed")
 
 
+@pytest.mark.slow  # the default suite runs the compacted-rows variant below
 @pytest.mark.parametrize("algorithm", ["sao", "grpo"])
 def test_learner_iterations_match_unpacked(loader_batch, algorithm):
     assert LearnerConfig().pack_rows  # the default
