@@ -14,7 +14,6 @@ and the cloner's case, T > 1), checks they agree, and times them alternately, be
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
 import jax
@@ -51,7 +50,7 @@ def forward_backward(attention):
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    cfg = parse_cli(BenchConfig, sys.argv[1:] if argv is None else argv, prog="attention_layout")
+    cfg = parse_cli(argv, {"default": BenchConfig()}, prog="attention_layout.py", save=False)
     rng = np.random.default_rng(0)
     b, t, h, k, d = cfg.batch, cfg.seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim
     q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
