@@ -28,20 +28,24 @@ def tokenizer() -> WordTokenizer:
     return WordTokenizer.from_texts([" ".join(vocabulary())])
 
 
-@functools.cache
-def model_config():
-    return get_model_config(
-        "tiny",
-        vocab_size=tokenizer().vocab_size,
+def small_moe_config(vocab_size: int, **overrides):
+    """The rollout tests' random policy: the tiny preset at width 32 with 4 experts, weights
+    large enough (initializer 0.3) that sampling is far from uniform."""
+    widths = dict(
         d_model=32,
         num_heads=4,
         num_kv_heads=2,
         head_dim=8,
         num_experts=4,
         moe_intermediate_size=16,
-        dense_intermediate_size=64,
         initializer_range=0.3,
     )
+    return get_model_config("tiny", vocab_size=vocab_size, **{**widths, **overrides})
+
+
+@functools.cache
+def model_config():
+    return small_moe_config(tokenizer().vocab_size, dense_intermediate_size=64)
 
 
 @functools.cache

@@ -5,21 +5,12 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from rollout_testlib import small_moe_config
 
-from sao_jax.models import Transformer, get_model_config, init_model, token_logprobs_from_logits
+from sao_jax.models import Transformer, init_model, token_logprobs_from_logits
 from sao_jax.rollout import Sampler, SamplingParams
 
-CONFIG = get_model_config(
-    "tiny",
-    vocab_size=61,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    num_experts=4,
-    moe_intermediate_size=16,
-    initializer_range=0.3,
-)
+CONFIG = small_moe_config(61)
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 12, 40, 2], [33], [10, 11, 12, 13, 14, 15]]
 REF_LEN = 32
 

@@ -2,23 +2,13 @@
 tokens and log-probs as on one device."""
 
 import numpy as np
+from rollout_testlib import small_moe_config
 
-from sao_jax.models import get_model_config, init_model
+from sao_jax.models import init_model
 from sao_jax.rollout import Sampler, SamplingParams
 from sao_jax.sharding import MeshConfig, make_mesh
 
-CONFIG = get_model_config(
-    "tiny",
-    vocab_size=64,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    num_experts=4,
-    moe_intermediate_size=16,
-    num_layers=1,
-    initializer_range=0.3,
-)
+CONFIG = small_moe_config(64, num_layers=1)
 
 
 def test_sharded_sampler_matches_single_device():
