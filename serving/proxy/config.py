@@ -19,6 +19,7 @@ class ProxyConfig:
         proxy renders prompts with exactly the served model's tokenizer.
       request_timeout_s: a generation running longer is ended by the worker ("timeout").
       writer_threads: threads running durable ATDP commits (concurrent sessions share commits).
+      cpu_threads: threads rendering and tokenizing requests (kept off the event loop).
       redact_disable: built-in redaction detectors to turn off (e.g. phone), comma separated.
       service_key: bearer key of the internal APIs (None: no check; loopback only).
       prices: JSON price table (USD per 1M prompt / completion tokens per model; see
@@ -34,6 +35,7 @@ class ProxyConfig:
     tokenizer: str | None = None
     request_timeout_s: float = 600.0
     writer_threads: int = 32
+    cpu_threads: int = 4
     redact_disable: tuple[str, ...] = ()
     service_key: str | None = None
     prices: str | None = None
@@ -44,6 +46,8 @@ class ProxyConfig:
             raise ValueError("ProxyConfig.buffer (the ATDP store location) is required")
         if self.writer_threads < 1:
             raise ValueError("ProxyConfig.writer_threads must be >= 1")
+        if self.cpu_threads < 1:
+            raise ValueError("ProxyConfig.cpu_threads must be >= 1")
         if self.request_timeout_s <= 0:
             raise ValueError("ProxyConfig.request_timeout_s must be > 0")
         if self.purge_every_s is not None and not self.purge_every_s > 0:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -29,6 +30,7 @@ from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy import responses
 from serving.proxy.config import ProxyConfig
+from serving.proxy.prefix import TurnIndex, conversation_keys, render_prompt
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recorder import CallRecord, CallRecorder
 from serving.proxy.runner import (
@@ -79,6 +81,16 @@ class ProxyMetrics:
         )
 
 
+def _text_delta(reasoning: str, content: str) -> dict[str, str]:
+    """A chat delta with the reasoning and content texts that are not empty."""
+    delta = {}
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    if content:
+        delta["content"] = content
+    return delta
+
+
 def _sse(payload: Mapping[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n".encode()
@@ -126,6 +138,10 @@ class DataProxy:
             prices=self.prices,
             cost_counter=self.metrics.cost_usd,
         )
+        # CPU-bound request work (rendering, tokenizing, hashing) runs here, never on the
+        # event loop, so a huge request cannot hold up /health or other calls
+        self._cpu = ThreadPoolExecutor(config.cpu_threads, thread_name_prefix="proxy-cpu")
+        self._background: set[asyncio.Task] = set()  # recordings of abandoned streams
         self.purge_schedule: PurgeSchedule | None = None
         self._purging = False
         if config.purge_every_s is not None:
@@ -207,7 +223,14 @@ class DataProxy:
             self.purge_schedule.start()
             self._purging = True
 
+    async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run CPU-bound work on the proxy's thread pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
+
     async def close(self) -> None:
+        if self._background:  # abandoned streams still being recorded
+            await asyncio.gather(*self._background, return_exceptions=True)
+        self._cpu.shutdown(wait=False)
         if self._purging:
             self._purging = False
             await asyncio.to_thread(self.purge_schedule.stop)  # waits out a purge in progress
@@ -243,12 +266,29 @@ class DataProxy:
 
     # ------------------------------------------------------------------ chat
 
-    def _render_chat(self, request: ChatRequest) -> tuple[list[int], list[dict[str, Any]] | None]:
+    def _render_chat(
+        self, request: ChatRequest, turns: TurnIndex | None
+    ) -> tuple[list[int], list[dict[str, Any]] | None, dict[str, Any]]:
+        """(prompt ids, exposed tools, how the prompt was built); CPU work, off the loop.
+
+        A conversation that extends one of the session's sampled turns reuses its ids
+        (token-exact, `prefix.py`); anything else is rendered with the chat template."""
         tools = request.tools if request.tool_choice != "none" else None
         try:
-            return self.tokenizer.encode_chat(request.messages, tools=tools), tools
+            keys = conversation_keys(request.messages, tools)
+            matched = turns.match(keys) if turns is not None else None
+            input_ids = render_prompt(self.tokenizer, request.messages, tools, matched)
         except (TypeError, ValueError) as error:
             raise bad_request(f"cannot render the messages: {error}", param="messages") from None
+        if matched is None:
+            return input_ids, tools, {"rendered": True}
+        turn, covered = matched
+        prompt = {
+            "extends": turn.interaction_id,
+            "reused_tokens": int(turn.context_ids.shape[0]),
+            "reused_messages": covered,
+        }
+        return input_ids, tools, prompt
 
     def _chat_logprobs(self, request: ChatRequest, ids, logprobs, top):
         if not request.decoding.logprobs:
@@ -261,11 +301,14 @@ class DataProxy:
     ) -> dict[str, Any] | AsyncIterator[bytes]:
         """A chat completion: the response body, or SSE bytes when `request.stream`."""
         started = time.monotonic()
-        input_ids, tools = self._render_chat(request)
+        turns = None
+        if not call.ephemeral:
+            turns = (await self.sessions.get(call.session_id, call.tenant)).turns
+        input_ids, tools, prompt = await self.cpu(self._render_chat, request, turns)
         generation, decoding = self._plan(input_ids, request, {"tool_choice": request.tool_choice})
         interaction_id = ids.interaction_id("chatcmpl", call.session_id)
         record = CallRecord(
-            "chat", interaction_id, started, input_ids, decoding, request.messages, tools
+            "chat", interaction_id, started, input_ids, decoding, request.messages, tools, prompt
         )
         collected, chunks = await self.runner.start(call, generation)
         if request.stream:
@@ -284,6 +327,15 @@ class DataProxy:
             policy_version=collected.policy_version,
         )
 
+    def _abandoned(self, call, record, collected, reply) -> None:
+        """Record a stream the client left, on its own task (the stream's generator is being
+        closed and must not wait on disk)."""
+        task = asyncio.get_running_loop().create_task(
+            self.recorder.record_abandoned(call, record, collected, reply)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _stream_chat(
         self,
         request: ChatRequest,
@@ -294,26 +346,38 @@ class DataProxy:
     ) -> AsyncIterator[bytes]:
         common = self._common(record.interaction_id)
         tools_enabled = record.tools is not None
+        thinking = responses.ReasoningStreamFilter()
         stream_filter = responses.ToolCallStreamFilter(tools_enabled)
-        yield _sse(responses.chat_chunk(**common, delta={"role": "assistant", "content": ""}))
+        recorded = False
         try:
+            yield _sse(responses.chat_chunk(**common, delta={"role": "assistant", "content": ""}))
             async for chunk in chunks:
-                text = stream_filter.feed(chunk.text)
+                reasoning, text = thinking.feed(chunk.text)
+                text = stream_filter.feed(text)
                 logprobs = self._chat_logprobs(
                     request, chunk.token_ids, chunk.logprobs, chunk.top_logprobs
                 )
-                if text or logprobs:
-                    delta = {"content": text}
-                    yield _sse(responses.chat_chunk(**common, delta=delta, logprobs=logprobs))
+                delta = _text_delta(reasoning, text)
+                if delta or logprobs:
+                    yield _sse(responses.chat_chunk(**common, delta=delta or {}, logprobs=logprobs))
             finish = collected.finished.finish_reason
+            reasoning, text = thinking.flush()
+            text = stream_filter.feed(text)
             # The text held back since a <tool_call> tag started: its calls, or plain content.
-            tail = responses.parse_reply(stream_filter.held, finish, tools_enabled)
-            if tail.content:
-                yield _sse(responses.chat_chunk(**common, delta={"content": tail.content}))
-            content = stream_filter.streamed + (tail.content or "")
+            held = stream_filter.held if thinking.closed else None
+            tail = responses.parse_content(held, finish, tools_enabled)
+            text += tail.content or ""
+            if reasoning or text:
+                yield _sse(responses.chat_chunk(**common, delta=_text_delta(reasoning, text)))
+            content = stream_filter.streamed + (tail.content or "") if thinking.closed else None
             reply = responses.Reply(
-                content or None, tail.tool_calls, tail.finish_reason, tail.tool_call_errors
+                (content or None) if tail.tool_calls else content,
+                tail.tool_calls,
+                tail.finish_reason,
+                tail.tool_call_errors,
+                thinking.reasoning,
             )
+            recorded = True
             await self._finish(call, record, collected, reply)
             self.metrics.completions.labels("chat", reply.finish_reason).inc()
             if reply.tool_calls:
@@ -332,7 +396,13 @@ class DataProxy:
                 yield _sse(responses.chat_chunk(**common, delta=None, usage_counts=counts))
             yield _sse("[DONE]")
         except ApiError as error:
+            recorded = True  # a failed generation: recorded by _finish when it had tokens
             yield _sse(error.to_json())
+        finally:
+            if not recorded:  # the client left (the generator is closed mid-stream)
+                await chunks.aclose()  # cancels the generation
+                reply = responses.parse_reply(collected.text, "cancelled", tools_enabled)
+                self._abandoned(call, record, collected, reply)
 
     # ------------------------------------------------------------------ completions
 

@@ -3,8 +3,10 @@
 Under the session's lock: the messages new since the session's last call become message /
 tool_call events, the completion becomes the llm_call event, and all of them go to disk in one
 commit. Then the session's state moves on (the conversation as the agent will echo it, the
-interaction id -> event index). A tenant-key call without a session opens and closes its
-one-call trajectory around the commit.
+interaction id -> event index, the sampled turn later calls extend token-exactly, see
+`prefix.py`). A tenant-key call without a session opens and closes its one-call trajectory
+around the commit. A stream the client abandoned is recorded with what was generated, finish
+reason `cancelled` (`record_abandoned`); it never becomes part of the conversation.
 
 Each llm_call's `metadata.cost_usd` comes from the price table; once the call is durable its
 cost is added to the session's total and to the per-tenant cost counter.
@@ -16,10 +18,12 @@ import dataclasses
 import time
 from typing import Any
 
+import numpy as np
 from prometheus_client import Counter, Histogram
 
 from atdp_io import DecodingParams, EventMetadata, Outcome
 from serving.proxy.conversation import canonical, new_messages
+from serving.proxy.prefix import SampledTurn, conversation_keys, echoed_reply
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recording import llm_event, message_events, reply_action, system_prompt_version
 from serving.proxy.responses import Reply
@@ -32,6 +36,8 @@ class CallRecord:
     """What the proxy knows about one call besides its output.
 
     messages / tools: the chat conversation and exposed tools (None for /v1/completions).
+    prompt: how the prompt ids were built ({"extends": interaction id, "reused_tokens": n}
+    when an earlier sampled turn was reused, else {"rendered": True}); None for completions.
     """
 
     endpoint: str
@@ -41,6 +47,17 @@ class CallRecord:
     decoding: DecodingParams
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    prompt: dict[str, Any] | None = None
+
+
+def _top_logprobs(collected: Collected) -> dict[str, list] | None:
+    """Top log-probs as recorded: ids [N][k], log-probs [N][k] (None when not asked for)."""
+    if not collected.top:
+        return None
+    return {
+        "ids": [[int(i) for i, _ in row] for row in collected.top],
+        "logprobs": [[min(float(v), 0.0) for _, v in row] for row in collected.top],
+    }
 
 
 class CallRecorder:
@@ -84,10 +101,17 @@ class CallRecorder:
         )
 
     async def record(
-        self, call: CallContext, record: CallRecord, collected: Collected, reply: Reply | None
+        self,
+        call: CallContext,
+        record: CallRecord,
+        collected: Collected,
+        reply: Reply | None,
+        *,
+        abandoned: bool = False,
     ) -> int:
-        """Append the call's events durably; returns the llm_call event's index."""
-        generated = collected.generated()
+        """Append the call's events durably; returns the llm_call event's index. `abandoned`:
+        the client left before the end (recorded as finish reason `cancelled`)."""
+        generated = collected.generated(cancelled=abandoned)
         route = collected.route or call.route
         state = await self._state_for(call)
         async with state.lock:
@@ -99,6 +123,19 @@ class CallRecorder:
             }
             if route.moves:
                 extra.update(moves=route.moves, repinned_from=route.previous_worker)
+            if abandoned and collected.finished is not None:
+                extra["worker_finish_reason"] = collected.finished.finish_reason
+            if record.prompt is not None:
+                extra["prompt"] = record.prompt
+            top = _top_logprobs(collected)
+            if top is not None:
+                extra["top_logprobs"] = top
+            complete = generated.finish_reason in ("stop", "length")
+            key = None
+            if complete and record.messages is not None and reply is not None:
+                echo = echoed_reply(reply.content, reply.tool_calls)
+                key = conversation_keys([*record.messages, echo], record.tools)[-1]
+                extra["conversation_key"] = key
             events, start = [], 0
             if record.messages is not None:
                 start, rewritten = new_messages(state.known, record.messages)
@@ -114,6 +151,7 @@ class CallRecorder:
                 )
                 events += message_events(record.messages, start, record.tools, plain)
             content = generated.text if reply is None else (reply.content or "")
+            reasoning = reply.reasoning if reply is not None else None
             calls = reply.tool_calls if reply is not None else []
             action, error_class = reply_action(content, calls, record.tools)
             if reply is not None and reply.tool_call_errors:
@@ -135,6 +173,7 @@ class CallRecorder:
                     current_version=collected.policy_version,
                     moved=route.moves > 0,
                     error_class=error_class,
+                    reasoning=reasoning,
                 )
             )
             begin = time.monotonic()
@@ -147,16 +186,19 @@ class CallRecorder:
                 if self.cost_counter is not None:
                     self.cost_counter.labels(call.tenant, self.model_id).inc(metadata.cost_usd)
             llm_index = indices[-1]
-            if generated.finish_reason in ("stop", "length"):
+            if complete:
                 state.interactions[record.interaction_id] = llm_index
                 state.last_llm = llm_index
-                if record.messages is not None and reply is not None:
-                    echoed = {
-                        "role": "assistant",
-                        "content": reply.content,
-                        "tool_calls": reply.tool_calls,
-                    }
-                    state.known = [canonical(m) for m in record.messages] + [canonical(echoed)]
+                if key is not None:
+                    echo = echoed_reply(reply.content, reply.tool_calls)
+                    state.known = [canonical(m) for m in record.messages] + [canonical(echo)]
+                    context = np.concatenate(
+                        [
+                            np.asarray(record.input_ids, np.int32),
+                            np.asarray(generated.output_ids, np.int32),
+                        ]
+                    )
+                    state.turns.add(SampledTurn(key, context, record.interaction_id))
             if call.ephemeral:
                 await self.sessions.close(state, Outcome())
         return llm_index
@@ -169,3 +211,12 @@ class CallRecorder:
         if collected.finished is None or not collected.ids or call.ephemeral:
             return
         await self.record(call, record, collected, None)
+
+    async def record_abandoned(
+        self, call: CallContext, record: CallRecord, collected: Collected, reply: Reply | None
+    ) -> None:
+        """A stream the client left: what was generated, finish reason `cancelled` (also when
+        the worker had finished). Nothing is recorded when no token was generated."""
+        if not collected.ids:
+            return
+        await self.record(call, record, collected, reply, abandoned=True)

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import numpy as np
+
 from atdp_io import (
     AtdpStore,
     Envelope,
@@ -40,6 +42,7 @@ from atdp_io.governance import EligibilityPolicy, ineligibility_reason
 from serving.common.errors import ApiError
 from serving.common.governance import governance_from_json
 from serving.proxy.conversation import Canonical, canonical
+from serving.proxy.prefix import SampledTurn, TurnIndex
 from serving.proxy.recording import conversation_from_events
 
 T = TypeVar("T")
@@ -58,6 +61,7 @@ class SessionState:
     writer_session: TrajectorySession | None  # None once closed
     known: list[Canonical] = dataclasses.field(default_factory=list)
     interactions: dict[str, int] = dataclasses.field(default_factory=dict)
+    turns: TurnIndex = dataclasses.field(default_factory=TurnIndex)  # sampled turns, prefix.py
     last_llm: int | None = None
     cost_usd: float = 0.0  # sum of the recorded llm_calls' metadata.cost_usd
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -173,6 +177,10 @@ class SessionBook:
                 state.last_llm = index
                 if event.metadata.interaction_id:
                     state.interactions[event.metadata.interaction_id] = index
+                key = event.metadata.extra.get("conversation_key")
+                if key:
+                    context = np.concatenate([event.llm.input_ids, event.llm.output_ids])
+                    state.turns.add(SampledTurn(key, context, event.metadata.interaction_id))
         return state
 
     async def append(self, state: SessionState, events: Sequence[Event]) -> list[int]:
