@@ -201,6 +201,46 @@ class Gateway:
         )
         return {"session_id": record.session_id, "interaction_id": interaction_id, **result}
 
+    async def record_event(self, record: SessionRecord, event) -> dict[str, Any]:
+        result = await self.proxy_client(record.proxy).record_event(
+            record.session_id, record.tenant, event
+        )
+        return {"session_id": record.session_id, **result}
+
+    async def record_unlisted_event(self, tenant: str, session_id: str, event) -> dict[str, Any]:
+        """An event for a trajectory of `tenant` made of tenant-key calls (as
+        `set_unlisted_reward`)."""
+        missing: ApiError | None = None
+        for proxy in self.proxies:
+            try:
+                result = await self.proxy_client(proxy).record_event(session_id, tenant, event)
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                missing = error
+                continue
+            return {"session_id": session_id, **result}
+        raise missing or ApiError(404, f"no session {session_id!r} for this tenant")
+
+    async def set_unlisted_reward(
+        self, tenant: str, session_id: str, value: float, interaction_id: str | None, source: str
+    ) -> dict[str, Any]:
+        """A reward for a trajectory of `tenant` that no started session names (tenant-key
+        calls): asked of each data proxy until one holds it; else the proxies' 404."""
+        missing: ApiError | None = None
+        for proxy in self.proxies:
+            try:
+                result = await self.proxy_client(proxy).set_reward(
+                    session_id, tenant, value, interaction_id=interaction_id, source=source
+                )
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                missing = error
+                continue
+            return {"session_id": session_id, "interaction_id": interaction_id, **result}
+        raise missing or ApiError(404, f"no session {session_id!r} for this tenant")
+
     async def end_session(
         self, record: SessionRecord, success: bool | None, info: dict[str, Any]
     ) -> dict[str, Any]:

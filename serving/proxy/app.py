@@ -4,6 +4,7 @@
     POST /chat         {"request": ChatRequest, "call": CallContext} -> body or SSE
     POST /completions  {"request": CompletionRequest, "call": CallContext} -> body or SSE
     POST /reward       {"session_id", "tenant", "value", "interaction_id"?, "source"}
+    POST /event        {"session_id", "tenant", "event": /rl/event body} (proxy/events.py)
     POST /end          {"session_id", "tenant", "success"?, "info"}
     POST /export       {"tenant", "session_id"?, "eligible_only", "include_open", "requested_by"}
     POST /delete       {"tenant", "requested_by", "reason", one of "session_id" / "user_id" /
@@ -33,6 +34,7 @@ from serving.common.metrics import metrics_handler, new_registry
 from serving.common.model_source import template_fingerprint
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy.config import ProxyConfig
+from serving.proxy.events import parse_event
 from serving.proxy.proxy import DataProxy
 from serving.proxy.runner import CallContext
 from serving.router.client import HttpRouterClient
@@ -118,6 +120,17 @@ async def reward(request: web.Request) -> web.Response:
         float(value),
         interaction_id=_field(body, "interaction_id", str, required=False),
         source=_field(body, "source", str),
+    )
+    return web.json_response(result)
+
+
+async def event(request: web.Request) -> web.Response:
+    proxy = _proxy(request)
+    body = await read_json_object(request)
+    result = await proxy.record_event(
+        _field(body, "session_id", str),
+        _field(body, "tenant", str),
+        parse_event(_field(body, "event", dict)),
     )
     return web.json_response(result)
 
@@ -234,6 +247,7 @@ def create_app(
     app.router.add_post("/chat", chat)
     app.router.add_post("/completions", completions)
     app.router.add_post("/reward", reward)
+    app.router.add_post("/event", event)
     app.router.add_post("/end", end)
     app.router.add_post("/export", export)
     app.router.add_post("/delete", delete)

@@ -13,6 +13,7 @@ The proxy also prices each call (`pricing.py`), erases or withdraws consent on r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -30,6 +31,9 @@ from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy import responses
 from serving.proxy.config import ProxyConfig
+from serving.proxy.conversation import message_text
+from serving.proxy.events import AgentEvent, event_record
+from serving.proxy.implicit import ImplicitSessions
 from serving.proxy.prefix import TurnIndex, conversation_keys, render_prompt
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recorder import CallRecord, CallRecorder
@@ -46,6 +50,8 @@ from serving.worker.client import WorkerClient
 from serving.worker.generation import TokenChunk
 
 __all__ = ["CallContext", "DataProxy", "ProxyMetrics"]
+
+IMPLICIT_TASK = {"implicit": True}  # the task of a trajectory grouped from tenant-key calls
 
 
 class ProxyMetrics:
@@ -79,6 +85,15 @@ class ProxyMetrics:
             ["tenant", "model"],
             registry=r,
         )
+
+
+def max_token_bytes(tokenizer: Tokenizer) -> int | None:
+    """The most UTF-8 bytes any vocabulary entry's string has (an upper bound on the bytes of
+    text one token covers), or None when the tokenizer does not list its vocabulary."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None or not hasattr(backend, "get_vocab"):
+        return None
+    return max(len(token.encode()) for token in backend.get_vocab(with_added_tokens=True))
 
 
 def _text_delta(reasoning: str, content: str) -> dict[str, str]:
@@ -116,6 +131,7 @@ class DataProxy:
         self.context_length = int(model_info["context_length"])
         self.template_fingerprint = model_info["template_fingerprint"]
         self.metrics = ProxyMetrics(registry)
+        self.max_token_bytes = max_token_bytes(tokenizer)
         envelope = Envelope(
             harness_schema=self.template_fingerprint,
             policy_checkpoint=model_info.get("checkpoint") or self.model_id,
@@ -129,6 +145,9 @@ class DataProxy:
         )
         self.runner = GenerationRunner(router, worker_client, self.metrics.moves)
         self.prices = PriceTable.from_file(config.prices) if config.prices else PriceTable()
+        self.implicit = None
+        if config.implicit_idle_s is not None:
+            self.implicit = ImplicitSessions(config.implicit_idle_s)
         self.recorder = CallRecorder(
             self.sessions,
             model_id=self.model_id,
@@ -137,11 +156,13 @@ class DataProxy:
             append_seconds=self.metrics.append_seconds,
             prices=self.prices,
             cost_counter=self.metrics.cost_usd,
+            implicit=self.implicit,
         )
         # CPU-bound request work (rendering, tokenizing, hashing) runs here, never on the
         # event loop, so a huge request cannot hold up /health or other calls
         self._cpu = ThreadPoolExecutor(config.cpu_threads, thread_name_prefix="proxy-cpu")
         self._background: set[asyncio.Task] = set()  # recordings of abandoned streams
+        self._reaper: asyncio.Task | None = None  # closes idle implicit sessions
         self.purge_schedule: PurgeSchedule | None = None
         self._purging = False
         if config.purge_every_s is not None:
@@ -184,6 +205,28 @@ class DataProxy:
         self.metrics.rewards.inc()
         return {"trajectory_id": session_id, "event_index": event_index, "reward": value}
 
+    async def record_event(self, session_id: str, tenant: str, event: AgentEvent) -> dict[str, Any]:
+        """A non-LLM boundary the agent reports (`events.py`), appended durably to the
+        session's open trajectory."""
+        state = await self.sessions.get(session_id, tenant)
+        if event.interaction_id is not None and event.interaction_id not in state.interactions:
+            raise ApiError(
+                404,
+                f"no completion {event.interaction_id!r} in this session",
+                param="interaction_id",
+                code="interaction_not_found",
+            )
+        async with state.lock:
+            (index,) = await self.sessions.append(
+                state, [event_record(event, session_id, self.model_id)]
+            )
+            if event.type in ("tool", "memory") and event.call_id:
+                state.reported.add(event.call_id)
+        if self.implicit is not None:
+            self.implicit.touch(session_id)
+        self.metrics.events.labels(f"reported_{event.type}").inc()
+        return {"trajectory_id": session_id, "event_index": index}
+
     async def end_session(
         self, session_id: str, tenant: str, *, success: bool | None, info: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -194,6 +237,8 @@ class DataProxy:
             except ValueError as error:
                 raise bad_request(f"invalid outcome: {error}") from None
             await self.sessions.close(state, outcome)
+        if self.implicit is not None:
+            self.implicit.forget(session_id)
         return {"trajectory_id": session_id, "ended": True, "cost_usd": state.cost_usd}
 
     async def session_cost(self, session_id: str, tenant: str) -> dict[str, Any]:
@@ -218,18 +263,44 @@ class DataProxy:
         return await self.sessions.withdraw_consent(tenant, requested_by=requested_by, **selector)
 
     def start(self) -> None:
-        """Starts the scheduled purge (its first pass runs now, on its own thread)."""
+        """Starts the scheduled purge (its first pass runs now, on its own thread) and, on the
+        running event loop, the closing of idle implicit sessions."""
         if self.purge_schedule is not None and not self._purging:
             self.purge_schedule.start()
             self._purging = True
+        if self.implicit is not None and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._close_idle())
+
+    async def _close_idle(self) -> None:
+        """Closes implicit sessions idle for `implicit_idle_s` (checked a few times per)."""
+        every = min(self.implicit.idle_s / 4, 30.0)
+        while True:
+            await asyncio.sleep(every)
+            for session_id in self.implicit.idle():
+                await self._close_implicit(session_id, "idle")
+
+    async def _close_implicit(self, session_id: str, why: str) -> None:
+        self.implicit.forget(session_id)
+        state = self.sessions.known(session_id)
+        if state is None:
+            return
+        async with state.lock:
+            if not state.closed:
+                await self.sessions.close(state, Outcome(info={"implicit_closed": why}))
 
     async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run CPU-bound work on the proxy's thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
 
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         if self._background:  # abandoned streams still being recorded
             await asyncio.gather(*self._background, return_exceptions=True)
+        if self.implicit is not None:
+            for session_id in self.implicit.open_sessions():
+                await self._close_implicit(session_id, "shutdown")
         self._cpu.shutdown(wait=False)
         if self._purging:
             self._purging = False
@@ -266,29 +337,63 @@ class DataProxy:
 
     # ------------------------------------------------------------------ chat
 
+    def _chat_keys(self, request: ChatRequest) -> tuple[list[dict[str, Any]] | None, list[str]]:
+        """(exposed tools, the conversation key of every message prefix); CPU work."""
+        tools = request.tools if request.tool_choice != "none" else None
+        self._check_size(request.messages)
+        try:
+            return tools, conversation_keys(request.messages, tools)
+        except (TypeError, ValueError) as error:
+            raise bad_request(f"cannot render the messages: {error}", param="messages") from None
+
     def _render_chat(
-        self, request: ChatRequest, turns: TurnIndex | None
-    ) -> tuple[list[int], list[dict[str, Any]] | None, dict[str, Any]]:
-        """(prompt ids, exposed tools, how the prompt was built); CPU work, off the loop.
+        self, request: ChatRequest, tools, keys: list[str], turns: TurnIndex
+    ) -> tuple[list[int], dict[str, Any]]:
+        """(prompt ids, how the prompt was built); CPU work, off the loop.
 
         A conversation that extends one of the session's sampled turns reuses its ids
         (token-exact, `prefix.py`); anything else is rendered with the chat template."""
-        tools = request.tools if request.tool_choice != "none" else None
+        matched = turns.match(keys)
         try:
-            keys = conversation_keys(request.messages, tools)
-            matched = turns.match(keys) if turns is not None else None
             input_ids = render_prompt(self.tokenizer, request.messages, tools, matched)
         except (TypeError, ValueError) as error:
             raise bad_request(f"cannot render the messages: {error}", param="messages") from None
         if matched is None:
-            return input_ids, tools, {"rendered": True}
+            return input_ids, {"rendered": True}
         turn, covered = matched
         prompt = {
             "extends": turn.interaction_id,
             "reused_tokens": int(turn.context_ids.shape[0]),
             "reused_messages": covered,
         }
-        return input_ids, tools, prompt
+        return input_ids, prompt
+
+    async def _join_implicit(self, call: CallContext, keys: list[str]) -> CallContext:
+        """A tenant-key chat call joins the implicit session it extends, or opens one
+        (`implicit.py`); it is then recorded like a session call."""
+        session_id = self.implicit.find(call.tenant, keys)
+        if session_id is None:
+            session_id = call.session_id
+            await self.sessions.open(session_id, call.tenant, call.governance or {}, IMPLICIT_TASK)
+            self.implicit.opened(call.tenant, session_id)
+        else:
+            self.implicit.touch(session_id)
+        return dataclasses.replace(call, session_id=session_id, ephemeral=False)
+
+    def _check_size(self, messages: list[dict[str, Any]]) -> None:
+        """400 for messages whose text cannot fit the context whatever the tokenization (each
+        token covers at most `max_token_bytes` bytes), before spending seconds tokenizing it."""
+        if self.max_token_bytes is None:
+            return
+        size = sum(len(message_text(m).encode()) for m in messages)
+        if size > self.context_length * self.max_token_bytes:
+            raise bad_request(
+                f"this model's context is {self.context_length} tokens and the messages have "
+                f"{size} bytes of text (at least {size // self.max_token_bytes} tokens); "
+                "shorten the conversation",
+                param="messages",
+                code="context_length_exceeded",
+            )
 
     def _chat_logprobs(self, request: ChatRequest, ids, logprobs, top):
         if not request.decoding.logprobs:
@@ -301,10 +406,13 @@ class DataProxy:
     ) -> dict[str, Any] | AsyncIterator[bytes]:
         """A chat completion: the response body, or SSE bytes when `request.stream`."""
         started = time.monotonic()
-        turns = None
+        tools, keys = await self.cpu(self._chat_keys, request)
+        if call.ephemeral and self.implicit is not None:
+            call = await self._join_implicit(call, keys)
+        turns = TurnIndex()  # a one-call trajectory has no earlier turns
         if not call.ephemeral:
             turns = (await self.sessions.get(call.session_id, call.tenant)).turns
-        input_ids, tools, prompt = await self.cpu(self._render_chat, request, turns)
+        input_ids, prompt = await self.cpu(self._render_chat, request, tools, keys, turns)
         generation, decoding = self._plan(input_ids, request, {"tool_choice": request.tool_choice})
         interaction_id = ids.interaction_id("chatcmpl", call.session_id)
         record = CallRecord(
@@ -407,8 +515,10 @@ class DataProxy:
     # ------------------------------------------------------------------ completions
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
+        """The prompt's ids (CPU work, off the loop)."""
         if not isinstance(request.prompt, str):
             return list(request.prompt)
+        self._check_size([{"content": request.prompt}])
         ids = self.tokenizer.encode(request.prompt)
         return ids if self.tokenizer.bos_id is None else [self.tokenizer.bos_id, *ids]
 
@@ -423,7 +533,7 @@ class DataProxy:
     ) -> dict[str, Any] | AsyncIterator[bytes]:
         """A (legacy) text completion: the response body, or SSE bytes when streaming."""
         started = time.monotonic()
-        input_ids = self._prompt_ids(request)
+        input_ids = await self.cpu(self._prompt_ids, request)
         generation, decoding = self._plan(input_ids, request, {})
         interaction_id = ids.interaction_id("cmpl", call.session_id)
         record = CallRecord("completions", interaction_id, started, input_ids, decoding)

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Histogram
 
-from atdp_io import DecodingParams, EventMetadata, Outcome
+from atdp_io import DecodingParams, EventKind, EventMetadata, Outcome
 from serving.proxy.conversation import canonical, new_messages
+from serving.proxy.implicit import ImplicitSessions
 from serving.proxy.prefix import SampledTurn, conversation_keys, echoed_reply
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recording import llm_event, message_events, reply_action, system_prompt_version
@@ -60,6 +61,13 @@ def _top_logprobs(collected: Collected) -> dict[str, list] | None:
     }
 
 
+def _already_reported(event, reported: set[str]) -> bool:
+    """A tool result the agent reported on /rl/event before sending it back as a message."""
+    if event.kind != EventKind.TOOL_CALL or not reported:
+        return False
+    return event.action.tool_calls[0].call_id in reported
+
+
 class CallRecorder:
     def __init__(
         self,
@@ -71,6 +79,7 @@ class CallRecorder:
         append_seconds: Histogram,
         prices: PriceTable | None = None,
         cost_counter: Counter | None = None,
+        implicit: ImplicitSessions | None = None,
     ):
         self.sessions = sessions
         self.model_id = model_id
@@ -79,6 +88,7 @@ class CallRecorder:
         self.append_seconds = append_seconds
         self.prices = prices or PriceTable()
         self.cost_counter = cost_counter
+        self.implicit = implicit
 
     async def _state_for(self, call: CallContext) -> SessionState:
         if call.ephemeral:
@@ -149,7 +159,11 @@ class CallRecorder:
                     harness_fingerprint=self.template_fingerprint,
                     model_id=self.model_id,
                 )
-                events += message_events(record.messages, start, record.tools, plain)
+                events += [
+                    e
+                    for e in message_events(record.messages, start, record.tools, plain)
+                    if not _already_reported(e, state.reported)
+                ]
             content = generated.text if reply is None else (reply.content or "")
             reasoning = reply.reasoning if reply is not None else None
             calls = reply.tool_calls if reply is not None else []
@@ -199,6 +213,8 @@ class CallRecorder:
                         ]
                     )
                     state.turns.add(SampledTurn(key, context, record.interaction_id))
+                    if self.implicit is not None:
+                        self.implicit.note_turn(call.tenant, key, state.session_id)
             if call.ephemeral:
                 await self.sessions.close(state, Outcome())
         return llm_index

@@ -205,6 +205,8 @@ def conversation_from_events(events: Sequence[Event]) -> list[dict[str, Any]]:
     messages and tool results as sent, completions as the assistant replies returned."""
     messages: list[dict[str, Any]] = []
     for event in events:
+        if event.metadata.extra.get("reported"):
+            continue  # reported on /rl/event, not part of the conversation the agent resends
         if event.kind == EventKind.MESSAGE and isinstance(event.observation, Mapping):
             message = {
                 "role": event.observation.get("role"),

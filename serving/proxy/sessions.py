@@ -62,6 +62,7 @@ class SessionState:
     known: list[Canonical] = dataclasses.field(default_factory=list)
     interactions: dict[str, int] = dataclasses.field(default_factory=dict)
     turns: TurnIndex = dataclasses.field(default_factory=TurnIndex)  # sampled turns, prefix.py
+    reported: set[str] = dataclasses.field(default_factory=set)  # tool call ids on /rl/event
     last_llm: int | None = None
     cost_usd: float = 0.0  # sum of the recorded llm_calls' metadata.cost_usd
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -139,6 +140,10 @@ class SessionBook:
         self._sessions[session_id] = state
         return state
 
+    def known(self, session_id: str) -> SessionState | None:
+        """The session's state if this process holds it."""
+        return self._sessions.get(session_id)
+
     async def get(self, session_id: str, tenant: str) -> SessionState:
         """The session's state, rebuilt from its trajectory if this process has not seen it."""
         state = self._sessions.get(session_id)
@@ -177,6 +182,9 @@ class SessionBook:
                 state.last_llm = index
                 if event.metadata.interaction_id:
                     state.interactions[event.metadata.interaction_id] = index
+            if event.metadata.extra.get("reported") and event.action is not None:
+                state.reported.update(c.call_id for c in event.action.tool_calls if c.call_id)
+            if event.kind == EventKind.LLM_CALL:
                 key = event.metadata.extra.get("conversation_key")
                 if key:
                     context = np.concatenate([event.llm.input_ids, event.llm.output_ids])
