@@ -54,7 +54,6 @@ def _call(url: str, path: str, key: str, body: dict[str, Any] | None, timeout: f
     return json.loads(_request(url, path, key, body, timeout))
 
 
-@dataclasses.dataclass(frozen=True)
 @dataclasses.dataclass
 class TimedEvent:
     """What `Session.timed` reports: set `result` (and any /rl/event field in `fields`)."""
@@ -67,6 +66,7 @@ def type_name(error: BaseException) -> str:
     return type(error).__name__
 
 
+@dataclasses.dataclass(frozen=True)
 class Session:
     """A started session: its id and key, bound to the gateway that issued it."""
 

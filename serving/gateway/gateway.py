@@ -7,6 +7,7 @@ routed call on the session's data proxy, and fans admin operations out to every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -167,8 +168,9 @@ class Gateway:
         self, stream: AsyncIterator[bytes], ephemeral: CallContext | None
     ) -> AsyncIterator[bytes]:
         try:
-            async for data in stream:
-                yield data
+            async with contextlib.aclosing(stream):  # a client that left cancels it now
+                async for data in stream:
+                    yield data
         finally:
             self._release()
             if ephemeral is not None:

@@ -68,8 +68,14 @@ async def _respond(request: web.Request, result: dict | AsyncIterator[bytes]) ->
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    async for data in result:
-        await response.write(data)
+    try:
+        async for data in result:
+            await response.write(data)
+    except ConnectionError:
+        # The gateway went away (its client left): closing the stream cancels the generation
+        # and records what was generated as `cancelled`.
+        await result.aclose()
+        return response
     await response.write_eof()
     return response
 

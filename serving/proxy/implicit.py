@@ -26,6 +26,7 @@ class ImplicitSessions:
         self.idle_s = idle_s
         self._keys: dict[str, dict[str, str]] = {}  # tenant -> conversation key -> session id
         self._used: dict[str, tuple[str, float]] = {}  # session id -> (tenant, last call time)
+        self._busy: dict[str, int] = {}  # session id -> calls in flight
 
     def find(self, tenant: str, keys: Sequence[str]) -> str | None:
         """The open session whose latest matching reply is the longest proper prefix of the
@@ -39,8 +40,18 @@ class ImplicitSessions:
                 return session_id
         return None
 
-    def opened(self, tenant: str, session_id: str) -> None:
+    def begin(self, tenant: str, session_id: str) -> None:
+        """A call of the session started (a new session is open from now on); not idle
+        until `done`."""
         self._used[session_id] = (tenant, time.monotonic())
+        self._busy[session_id] = self._busy.get(session_id, 0) + 1
+
+    def done(self, session_id: str) -> None:
+        """A call ended (answered, refused or abandoned); idle time counts from now."""
+        count = self._busy.pop(session_id, 1) - 1
+        if count > 0:
+            self._busy[session_id] = count
+        self.touch(session_id)
 
     def touch(self, session_id: str) -> None:
         if session_id in self._used:
@@ -58,7 +69,11 @@ class ImplicitSessions:
     def idle(self, now: float | None = None) -> list[str]:
         """Sessions without a call for `idle_s` seconds."""
         now = time.monotonic() if now is None else now
-        return [s for s, (_, used) in self._used.items() if now - used >= self.idle_s]
+        return [
+            s
+            for s, (_, used) in self._used.items()
+            if now - used >= self.idle_s and not self._busy.get(s)
+        ]
 
     def open_sessions(self) -> list[str]:
         return list(self._used)
@@ -66,6 +81,7 @@ class ImplicitSessions:
     def forget(self, session_id: str) -> None:
         """The session closed: later calls extending it open a new one."""
         tenant, _ = self._used.pop(session_id, (None, 0.0))
+        self._busy.pop(session_id, None)
         keys = self._keys.get(tenant, {})
         for key in [k for k, s in keys.items() if s == session_id]:
             del keys[key]

@@ -13,6 +13,7 @@ The proxy also prices each call (`pricing.py`), erases or withdraws consent on r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -277,7 +278,8 @@ class DataProxy:
         while True:
             await asyncio.sleep(every)
             for session_id in self.implicit.idle():
-                await self._close_implicit(session_id, "idle")
+                if session_id in self.implicit.idle():  # a call may have come meanwhile
+                    await self._close_implicit(session_id, "idle")
 
     async def _close_implicit(self, session_id: str, why: str) -> None:
         self.implicit.forget(session_id)
@@ -368,17 +370,44 @@ class DataProxy:
         }
         return input_ids, prompt
 
-    async def _join_implicit(self, call: CallContext, keys: list[str]) -> CallContext:
-        """A tenant-key chat call joins the implicit session it extends, or opens one
-        (`implicit.py`); it is then recorded like a session call."""
-        session_id = self.implicit.find(call.tenant, keys)
-        if session_id is None:
-            session_id = call.session_id
-            await self.sessions.open(session_id, call.tenant, call.governance or {}, IMPLICIT_TASK)
-            self.implicit.opened(call.tenant, session_id)
-        else:
-            self.implicit.touch(session_id)
-        return dataclasses.replace(call, session_id=session_id, ephemeral=False)
+    async def chat(
+        self, request: ChatRequest, call: CallContext
+    ) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A chat completion: the response body, or SSE bytes when `request.stream`.
+
+        A tenant-key call (no session) joins the implicit session it extends, or starts one
+        (`implicit.py`), and is then recorded like a session call; while it runs, the session
+        is never closed as idle. A new implicit trajectory is opened only once the generation
+        started, so a refused call leaves nothing behind."""
+        started = time.monotonic()
+        tools, keys = await self.cpu(self._chat_keys, request)
+        if not call.ephemeral or self.implicit is None:
+            return await self._chat(request, call, tools, keys, started, opening=False)
+        found = self.implicit.find(call.tenant, keys)
+        session_id = found or call.session_id
+        call = dataclasses.replace(call, session_id=session_id, ephemeral=False)
+        self.implicit.begin(call.tenant, session_id)
+        try:
+            result = await self._chat(request, call, tools, keys, started, opening=found is None)
+        except BaseException:
+            self.implicit.done(session_id)
+            raise
+        if isinstance(result, dict):
+            self.implicit.done(session_id)
+            return result
+        return self._implicit_stream(result, session_id)
+
+    async def _implicit_stream(self, stream: AsyncIterator[bytes], session_id: str):
+        try:
+            async with contextlib.aclosing(stream):
+                async for data in stream:
+                    yield data
+        finally:
+            self.implicit.done(session_id)
+
+    async def _open_implicit(self, call: CallContext) -> None:
+        """The trajectory of a new implicit session (its first call is under way)."""
+        await self.sessions.open(call.session_id, call.tenant, call.governance or {}, IMPLICIT_TASK)
 
     def _check_size(self, messages: list[dict[str, Any]]) -> None:
         """400 for messages whose text cannot fit the context whatever the tokenization (each
@@ -401,16 +430,11 @@ class DataProxy:
         top = top if request.decoding.top_logprobs else None
         return responses.chat_logprobs(self.tokenizer, ids, logprobs, top)
 
-    async def chat(
-        self, request: ChatRequest, call: CallContext
-    ) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A chat completion: the response body, or SSE bytes when `request.stream`."""
-        started = time.monotonic()
-        tools, keys = await self.cpu(self._chat_keys, request)
-        if call.ephemeral and self.implicit is not None:
-            call = await self._join_implicit(call, keys)
-        turns = TurnIndex()  # a one-call trajectory has no earlier turns
-        if not call.ephemeral:
+    async def _chat(self, request, call, tools, keys, started, *, opening: bool):
+        """`chat` once the call's session is known; `opening`: a new implicit trajectory to
+        open once the generation started."""
+        turns = TurnIndex()  # a first or one-call trajectory has no earlier turns
+        if not call.ephemeral and not opening:
             turns = (await self.sessions.get(call.session_id, call.tenant)).turns
         input_ids, prompt = await self.cpu(self._render_chat, request, tools, keys, turns)
         generation, decoding = self._plan(input_ids, request, {"tool_choice": request.tool_choice})
@@ -419,6 +443,12 @@ class DataProxy:
             "chat", interaction_id, started, input_ids, decoding, request.messages, tools, prompt
         )
         collected, chunks = await self.runner.start(call, generation)
+        if opening:
+            try:
+                await self._open_implicit(call)
+            except BaseException:
+                await chunks.aclose()  # cancels the generation
+                raise
         if request.stream:
             return self._stream_chat(request, call, record, collected, chunks)
         async for _ in chunks:

@@ -308,18 +308,19 @@ class UpstreamProxy(DataProxy):
             code="unsupported_with_upstream",
         )
 
-    async def chat(self, request: ChatRequest, call: CallContext):
-        started = time.monotonic()
-        tools, keys = await self.cpu(self._chat_keys, request)
-        if call.ephemeral and self.implicit is not None:
-            call = await self._join_implicit(call, keys)
+    async def _chat(self, request, call, tools, keys, started, *, opening: bool):
+        """`DataProxy.chat` (sessions, implicit sessions) with the upstream generating."""
         interaction_id = ids.interaction_id("chatcmpl", call.session_id)
         body = upstream_body(request, self.model_id, self.token_ids)
         if request.stream:
             stream = self.upstream.chat_stream(body)
             first = await anext(stream, None)  # an upstream error is raised before any byte
+            if opening:
+                await self._open_implicit(call)
             return self._relay(request, call, tools, interaction_id, started, first, stream)
         answer = await self.upstream.chat(body)
+        if opening:
+            await self._open_implicit(call)
         reply = UpstreamReply.from_answer(answer)
         await self._record(request, call, tools, interaction_id, started, reply)
         self.metrics.completions.labels("chat", reply.finish_reason).inc()
@@ -370,10 +371,9 @@ class UpstreamProxy(DataProxy):
 
     async def _record(self, request, call, tools, interaction_id, started, reply: UpstreamReply):
         """The call's events, durably, in the session's trajectory (module docstring)."""
-        if call.ephemeral:
-            task = {"implicit": True}
+        if call.ephemeral:  # implicit sessions off: a one-call trajectory
             state = await self.sessions.open(
-                call.session_id, call.tenant, call.governance or {}, task
+                call.session_id, call.tenant, call.governance or {}, {}
             )
         else:
             state = await self.sessions.get(call.session_id, call.tenant)

@@ -75,9 +75,10 @@ def test_reported_events_join_the_trajectory(server):
     assert approval.observation["approver"] == "reviewer-ann"
     # in order: after the completion they follow, before the next one
     kinds = [e.kind for e in events]
+    position = {id(e): i for i, e in enumerate(events)}
     first_llm = kinds.index(EventKind.LLM_CALL)
-    assert events.index(tool) > first_llm
-    assert kinds.index(EventKind.LLM_CALL, first_llm + 1) > events.index(approval)
+    assert position[id(tool)] > first_llm
+    assert kinds.index(EventKind.LLM_CALL, first_llm + 1) > position[id(approval)]
 
 
 @pytest.mark.parametrize(
