@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,7 @@ from serving.worker.generation import TokenChunk
 __all__ = ["CallContext", "DataProxy", "ProxyMetrics"]
 
 IMPLICIT_TASK = {"implicit": True}  # the task of a trajectory grouped from tenant-key calls
+logger = logging.getLogger(__name__)
 
 
 class ProxyMetrics:
@@ -278,8 +280,12 @@ class DataProxy:
         while True:
             await asyncio.sleep(every)
             for session_id in self.implicit.idle():
-                if session_id in self.implicit.idle():  # a call may have come meanwhile
+                if session_id not in self.implicit.idle():  # a call came meanwhile
+                    continue
+                try:
                     await self._close_implicit(session_id, "idle")
+                except Exception:  # e.g. erased by retention meanwhile; keep closing others
+                    logger.warning("closing implicit session %s failed", session_id, exc_info=True)
 
     async def _close_implicit(self, session_id: str, why: str) -> None:
         self.implicit.forget(session_id)
