@@ -282,10 +282,7 @@ class DataProxy:
             for session_id in self.implicit.idle():
                 if session_id not in self.implicit.idle():  # a call came meanwhile
                     continue
-                try:
-                    await self._close_implicit(session_id, "idle")
-                except Exception:  # e.g. erased by retention meanwhile; keep closing others
-                    logger.warning("closing implicit session %s failed", session_id, exc_info=True)
+                await self._close_implicit(session_id, "idle")
 
     async def _close_implicit(self, session_id: str, why: str) -> None:
         self.implicit.forget(session_id)
@@ -293,8 +290,13 @@ class DataProxy:
         if state is None:
             return
         async with state.lock:
-            if not state.closed:
+            if state.closed:
+                return
+            try:
                 await self.sessions.close(state, Outcome(info={"implicit_closed": why}))
+            except Exception:  # e.g. erased by retention meanwhile: nothing left to close
+                state.writer_session = None
+                logger.warning("closing implicit session %s failed", session_id, exc_info=True)
 
     async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run CPU-bound work on the proxy's thread pool."""
@@ -601,7 +603,7 @@ class DataProxy:
         chunks: AsyncIterator[TokenChunk],
     ) -> AsyncIterator[bytes]:
         common = self._common(record.interaction_id)
-        offset = 0
+        offset, recorded = 0, False
         try:
             async for chunk in chunks:
                 logprobs = self._completion_logprobs(
@@ -617,6 +619,7 @@ class DataProxy:
                     policy_version=None,
                 )
                 yield _sse(body)
+            recorded = True
             await self._finish(call, record, collected, None)
             finish = collected.finished.finish_reason
             self.metrics.completions.labels("completions", finish).inc()
@@ -634,4 +637,9 @@ class DataProxy:
                 yield _sse({**body, "choices": [], "usage": counts})
             yield _sse("[DONE]")
         except ApiError as error:
+            recorded = True
             yield _sse(error.to_json())
+        finally:
+            if not recorded:  # the client left mid-stream
+                await chunks.aclose()
+                self._abandoned(call, record, collected, None)

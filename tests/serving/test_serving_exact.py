@@ -182,21 +182,21 @@ def test_streamed_reasoning_splits_like_the_whole_text(text, chunk):
     assert stream.reasoning == reasoning and stream.closed == (content is not None)
 
 
-def test_abandoned_stream_is_recorded_as_cancelled(server):
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_abandoned_stream_is_recorded_as_cancelled(server, endpoint):
     thread, parts, buffer = server
     session_id, client = session(thread.url)
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "tell me a long story"}],
-        stream=True,
-        max_tokens=400,
-        temperature=1.0,
-        stop=["\u0000never"],
-    )
+    settings = dict(model=MODEL, stream=True, max_tokens=400, temperature=1.0, stop=["\0never"])
+    if endpoint == "chat":
+        messages = [{"role": "user", "content": "tell me a long story"}]
+        stream = client.chat.completions.create(messages=messages, **settings)
+    else:
+        stream = client.completions.create(prompt="Once upon a time", **settings)
     seen = ""
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            seen += chunk.choices[0].delta.content
+        if chunk.choices:
+            choice = chunk.choices[0]
+            seen += (choice.delta.content or "") if endpoint == "chat" else choice.text
         if len(seen) >= 4:
             break
     stream.close()
