@@ -3,7 +3,18 @@ OpenAI-compatible server (here a second copy of ours), recording what it returns
 
 import openai
 import pytest
-from serving_harness import ADMIN_KEY, ServerThread, api, local_server, read_trajectories
+from serving_harness import (
+    ADMIN_KEY,
+    ServerThread,
+    api,
+    free_port,
+    local_server,
+    read_trajectories,
+    start_process,
+    stop_process,
+    subprocess_env,
+    wait_healthy,
+)
 
 from atdp_io import AtdpStore, EventKind, EventMetadata, ReplayClass
 from serving.common.openai_requests import parse_chat_request
@@ -197,3 +208,33 @@ def test_streamed_chunks_assemble_like_the_whole_answer():
     assert reply.prompt_ids == [1, 2] and reply.output_ids == [7, 8]
     assert reply.usage == {"completion_tokens": 2}
     assert not reply.exact  # one log-prob for two tokens: not exact
+
+
+@pytest.mark.slow
+def test_the_command_line_serves_in_front_of_an_upstream(servers, tmp_path):
+    """`python -m serving --upstream URL` as an operator runs it (its own process)."""
+    _, upstream, _ = servers
+    status, backend = api(upstream.url, "/rl/start_session", {"tenant": "backend"})
+    assert status == 200
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [
+        "serving", "--upstream", upstream.url + "/v1", "--upstream-key", backend["api_key"],
+        "--buffer", str(tmp_path / "buffer"), "--admin-key", ADMIN_KEY, "--port", str(port),
+    ]  # fmt: skip
+    log = tmp_path / "serving.log"
+    process = start_process(args, subprocess_env(tmp_path / "jax_cache"), log)
+    try:
+        wait_healthy(url, process, log)
+        status, session = api(url, "/rl/start_session", {"tenant": "ops"})
+        assert status == 200, session
+        client = openai.OpenAI(base_url=url + "/v1", api_key=session["api_key"], max_retries=0)
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert reply.id.startswith("chatcmpl-" + session["session_id"])
+    finally:
+        stop_process(process)
+    (trajectory,) = read_trajectories(tmp_path / "buffer", "ops").values()
+    (event,) = [e for e in trajectory.events if e.metadata.interaction_id == reply.id]
+    assert event.observation["content"] == reply.choices[0].message.content
