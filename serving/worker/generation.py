@@ -141,9 +141,18 @@ class TextTracker:
         self.sent = 0  # characters already emitted
         self.stopped_text: str | None = None  # the reply when a stop string ended it
         self._searched = 0  # stop strings cannot start before this character
+        # A prefix of the output that ends on a whole character, and its text: every later
+        # text is `_base_text + decode(ids[_base:])`, so an update decodes only the new tail
+        # (byte-level decoding of a split after a complete character is the concatenation).
+        self._base = 0
+        self._base_text = ""
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _text(self, ids: Sequence[int], count: int) -> str:
+        """decode(ids[:count]) for count >= the base."""
+        return self._base_text + self._decode(ids[self._base : count])
 
     def _content_ids(self, ids: Sequence[int]) -> Sequence[int]:
         # a final stop token ends the turn; its own text is never part of the reply
@@ -168,27 +177,33 @@ class TextTracker:
 
     def _boundary(self, ids: Sequence[int], text: str, chars: int) -> tuple[int, str]:
         """(k, decode(ids[:k])) for the most leading tokens whose text is a prefix of
-        `text[:chars]` (binary search on length, then back off past a split character)."""
-        low, high = 0, len(ids)
+        `text[:chars]` (binary search on length from the base, then back off past a split
+        character). The base itself always qualifies: it was sent, or it is empty."""
+        low, high = self._base, len(ids)
         while low < high:
             mid = (low + high + 1) // 2
-            if len(self._decode(ids[:mid])) <= chars:
+            if len(self._text(ids, mid)) <= chars:
                 low = mid
             else:
                 high = mid - 1
-        while low > 0:
-            prefix = self._decode(ids[:low])
+        while low > self._base:
+            prefix = self._text(ids, low)
             if len(prefix) <= chars and text.startswith(prefix):
                 return low, prefix
             low -= 1
-        return 0, ""
+        return self._base, self._base_text
+
+    def _advance(self, count: int, prefix: str) -> None:
+        """Move the base to `count` tokens (text `prefix`) if they end on a whole character."""
+        if count > self._base and not prefix.endswith(REPLACEMENT_CHAR):
+            self._base, self._base_text = count, prefix
 
     def update(self, ids: list[int], finished: bool) -> tuple[str, int | None, str | None]:
         """Returns (new text to emit, token count to keep if a stop string ended the reply,
         the stop string). With a stop hit, `ids[:keep]` is the reply up to the last token
         boundary before the stop string and the reply text is exactly their decode."""
         content = self._content_ids(ids)
-        text = self._decode(content)
+        text = self._text(content, len(content))
         hit = self._find_stop(text) if self.stop else None
         keep = None
         if hit is not None:
@@ -202,9 +217,12 @@ class TextTracker:
                 longest = max(len(s) for s in self.stop)
                 self._searched = max(0, len(text.rstrip(REPLACEMENT_CHAR)) - longest + 1)
             held = self._holdback(text)
-            emit_to = (
-                len(text) if not held else len(self._boundary(content, text, len(text) - held)[1])
-            )
+            if held:
+                count, prefix = self._boundary(content, text, len(text) - held)
+            else:
+                count, prefix = len(content), text
+            emit_to = len(prefix)
+            self._advance(count, prefix)
         delta = text[self.sent : max(emit_to, self.sent)]
         self.sent = max(self.sent, emit_to)
         return delta, keep, hit[1] if hit else None
@@ -213,4 +231,5 @@ class TextTracker:
         """The whole reply (stop string and stop token excluded): `decode` of the kept ids."""
         if self.stopped_text is not None:
             return self.stopped_text
-        return self._decode(self._content_ids(ids))
+        content = self._content_ids(ids)
+        return self._text(content, len(content))

@@ -91,6 +91,26 @@ def test_emitted_text_is_always_the_decode_of_kept_tokens(text, stops, chunk, st
     assert not any(s in final for s in stops)
 
 
+@given(
+    st.lists(st.integers(3, TINY_VOCAB_SIZE - 1), min_size=1, max_size=60),
+    st.lists(st.text(alphabet="ab e\ufffd<", min_size=1, max_size=2), max_size=2),
+    st.integers(1, 5),
+)
+@settings(max_examples=300, deadline=None)
+def test_random_token_ids_emit_exactly_their_decode(ids, stops, chunk):
+    """What a random model samples: byte tokens that need not form valid UTF-8."""
+    tracker = TextTracker(TOKENIZER, tuple(stops), STOP_IDS)
+    emitted, kept = "", ids
+    for begin in range(0, len(ids), chunk):
+        out = ids[: begin + chunk]
+        delta, keep, _ = tracker.update(out, begin + chunk >= len(ids))
+        emitted += delta
+        if keep is not None:
+            kept = out[:keep]
+            break
+    assert emitted == tracker.final_text(kept) == TOKENIZER.decode(kept)
+
+
 def test_special_tokens_in_a_reply_are_returned_as_text():
     ids = [TOKENIZER.token_to_id("<|im_start|>"), *TOKENIZER.encode("hi")]
     emitted, kept, _, final = stream(TOKENIZER.decode(ids), stop_token=True)
