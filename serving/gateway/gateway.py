@@ -212,10 +212,25 @@ class Gateway:
     async def record_unlisted_event(self, tenant: str, session_id: str, event) -> dict[str, Any]:
         """An event for a trajectory of `tenant` made of tenant-key calls (as
         `set_unlisted_reward`)."""
+        return await self._on_some_proxy(
+            session_id, lambda proxy: proxy.record_event(session_id, tenant, event)
+        )
+
+    async def end_unlisted(
+        self, tenant: str, session_id: str, success: bool | None, info: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Ends a trajectory of `tenant` made of tenant-key calls (as `set_unlisted_reward`)."""
+        return await self._on_some_proxy(
+            session_id,
+            lambda proxy: proxy.end_session(session_id, tenant, success=success, info=info),
+        )
+
+    async def _on_some_proxy(self, session_id: str, call) -> dict[str, Any]:
+        """`call(proxy client)` on each data proxy until one knows the session (not a 404)."""
         missing: ApiError | None = None
         for proxy in self.proxies:
             try:
-                result = await self.proxy_client(proxy).record_event(session_id, tenant, event)
+                result = await call(self.proxy_client(proxy))
             except ApiError as error:
                 if error.status != 404:
                     raise
@@ -229,19 +244,13 @@ class Gateway:
     ) -> dict[str, Any]:
         """A reward for a trajectory of `tenant` that no started session names (tenant-key
         calls): asked of each data proxy until one holds it; else the proxies' 404."""
-        missing: ApiError | None = None
-        for proxy in self.proxies:
-            try:
-                result = await self.proxy_client(proxy).set_reward(
-                    session_id, tenant, value, interaction_id=interaction_id, source=source
-                )
-            except ApiError as error:
-                if error.status != 404:
-                    raise
-                missing = error
-                continue
-            return {"session_id": session_id, "interaction_id": interaction_id, **result}
-        raise missing or ApiError(404, f"no session {session_id!r} for this tenant")
+        result = await self._on_some_proxy(
+            session_id,
+            lambda proxy: proxy.set_reward(
+                session_id, tenant, value, interaction_id=interaction_id, source=source
+            ),
+        )
+        return {"interaction_id": interaction_id, **result}
 
     async def end_session(
         self, record: SessionRecord, success: bool | None, info: dict[str, Any]

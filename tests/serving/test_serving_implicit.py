@@ -124,6 +124,22 @@ def test_unknown_and_foreign_completion_ids_are_404(server):
     assert status == 404, answer
 
 
+def test_a_tenant_key_ends_its_implicit_trajectory(server):
+    thread, buffer = server
+    client = openai.OpenAI(base_url=thread.url + "/v1", api_key=KEY, max_retries=0)
+    (reply,) = agent_turns(client, "put the mug away", 1)
+    session_id = reply.id.split("-")[1]
+    body = {"session_id": session_id, "success": True, "info": {"steps": 1}}
+    status, answer = api(thread.url, "/rl/end_session", body, KEY)
+    assert status == 200 and answer["ended"] is True, answer
+    trajectory = read_trajectories(buffer, "plain")[session_id]
+    assert trajectory.outcome.success is True and trajectory.outcome.info == {"steps": 1}
+    status, answer = api(thread.url, "/rl/end_session", body, KEY)
+    assert status == 409, answer  # already ended
+    status, answer = api(thread.url, "/rl/end_session", {"session_id": session_id}, LATE_KEY)
+    assert status == 404, answer  # another tenant's key does not find it
+
+
 def test_a_reward_after_close_reaches_the_learner_stream(server):
     thread, buffer = server
     client = openai.OpenAI(base_url=thread.url + "/v1", api_key=LATE_KEY, max_retries=0)
