@@ -3,6 +3,7 @@ ids gives the text the client received (the real server on loopback, the real `o
 client, generated conversations, stop strings, streams), later turns extend the sampled ids,
 abandoned streams are recorded, top log-probs are stored."""
 
+import json
 import time
 
 import numpy as np
@@ -10,10 +11,11 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serving_harness import api, local_server, read_trajectories
+from serving_harness import TOOL_MESSAGES, WEATHER_TOOL, api, local_server, read_trajectories
 
 from atdp_io import EventKind
 from atdp_io.rows import extends_previous
+from sao_jax.tokenizers import parse_tool_calls
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
 from serving.proxy.prefix import SampledTurn, TurnIndex, conversation_keys, render_prompt
 from serving.proxy.responses import ReasoningStreamFilter, split_reasoning
@@ -236,3 +238,29 @@ def test_top_logprobs_are_recorded(server):
     for ids, values, position in zip(top["ids"], top["logprobs"], served, strict=True):
         assert [TOKENIZER.decode([i]) for i in ids] == [t.token for t in position.top_logprobs]
         np.testing.assert_allclose(values, [t.logprob for t in position.top_logprobs], atol=1e-6)
+
+
+def test_a_tool_call_reply_is_the_parse_of_its_ids_and_the_next_turn_extends_them(server):
+    thread, _, buffer = server
+    session_id, client = session(thread.url)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=TOOL_MESSAGES, tools=[WEATHER_TOOL], temperature=0, max_tokens=40
+    )
+    message = reply.choices[0].message
+    (call,) = message.tool_calls
+    messages = [
+        *TOOL_MESSAGES,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C"},
+    ]
+    client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=4
+    )
+    trajectory, (first, second) = llm_calls(buffer, session_id)
+    parsed = parse_tool_calls(sampled_text(first.llm))
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [
+        (call.function.name, json.loads(call.function.arguments))
+    ]
+    assert (parsed.content or None) == message.content
+    assert extends_previous(trajectory)
+    assert second.metadata.extra["prompt"]["extends"] == reply.id
