@@ -7,7 +7,8 @@
   replay (a live tool may answer differently).
 - A completion is an `llm_call` event: every input and output token id, per-token log-probs and
   policy versions, decoding parameters, template fingerprint, system-prompt version, exposed
-  tools; the reply (text or typed tool calls) as action and `<think>` text as hidden state.
+  tools; the reply (text or typed tool calls) as action and its reasoning (the `<think>`
+  block the client got as `reasoning_content`) as hidden state.
   Deterministic replay (seeded, dropless sampler), unless the session moved to another worker
   or a weight swap interrupted the reply: then approximate.
 """
@@ -162,13 +163,18 @@ def llm_event(
     current_version: int,
     moved: bool,
     error_class: str = "",
+    reasoning: str | None = None,
 ) -> Event:
-    """The lossless record of one completion."""
+    """The lossless record of one completion. `reasoning`: the reply's thinking as returned
+    (None: taken from `<think>` blocks of the raw text, for /v1/completions)."""
     versions = np.asarray(generated.versions, np.int32)
     # float32 log-softmax can round a near-certain token's log-prob a hair above 0
     logprobs = np.minimum(np.asarray(generated.logprobs, np.float32), 0.0)
     mixed = versions.size > 0 and versions.min() != versions.max()
-    thoughts = [m.strip() for m in _THINK.findall(generated.text) if m.strip()]
+    if reasoning is None:
+        thoughts = [m.strip() for m in _THINK.findall(generated.text) if m.strip()]
+    else:
+        thoughts = [reasoning] if reasoning else []
     call = LLMCall(
         model_id=model_id,
         policy_version=int(versions[0]) if versions.size else current_version,
@@ -199,6 +205,8 @@ def conversation_from_events(events: Sequence[Event]) -> list[dict[str, Any]]:
     messages and tool results as sent, completions as the assistant replies returned."""
     messages: list[dict[str, Any]] = []
     for event in events:
+        if event.metadata.extra.get("reported"):
+            continue  # reported on /rl/event, not part of the conversation the agent resends
         if event.kind == EventKind.MESSAGE and isinstance(event.observation, Mapping):
             message = {
                 "role": event.observation.get("role"),
