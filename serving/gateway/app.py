@@ -113,7 +113,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def create_response(request: web.Request) -> web.StreamResponse:
     principal = _principal(request)
     body = await read_json_object(request)
-    result = await request.app[GATEWAY].respond(principal, parse_responses_request(body))
+    parsed = await _parsed(parse_responses_request, body)
+    result = await request.app[GATEWAY].respond(principal, parsed)
     return await _send(request, result)
 
 

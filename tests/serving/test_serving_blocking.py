@@ -37,20 +37,22 @@ def test_huge_requests_do_not_delay_health_or_other_calls(server):
     )
     idle = sorted(health_latency(thread.url) for _ in range(20))
     words = "the quick brown fox jumps over the lazy dog " * (HUGE_BYTES // 44)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 4}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 4}
+    respond = {"model": MODEL, "input": words, "max_output_tokens": 4}  # the Responses API
     answers: list[tuple[int, dict, float]] = []
 
-    def send_huge():
+    def send_huge(path, body):
         start = time.perf_counter()
         response = httpx.post(
-            thread.url + "/v1/chat/completions",
+            thread.url + path,
             json=body,
             headers={"Authorization": f"Bearer {key}"},
             timeout=120,
         )
         answers.append((response.status_code, response.json(), time.perf_counter() - start))
 
-    senders = [threading.Thread(target=send_huge) for _ in range(3)]
+    huge = [("/v1/chat/completions", chat)] * 2 + [("/v1/responses", respond)]
+    senders = [threading.Thread(target=send_huge, args=request) for request in huge]
     for sender in senders:
         sender.start()
     busy = []
