@@ -193,12 +193,31 @@ def upstream_body(request: ChatRequest, model: str, token_ids: bool) -> dict[str
         body["seed"] = decoding.seed
     if request.tools:
         body["tools"] = request.tools
-        body["tool_choice"] = request.tool_choice
+        body["tool_choice"] = _wire_tool_choice(request.tool_choice)
+    if request.response_format is not None:
+        body["response_format"] = _wire_response_format(request.response_format)
+    if request.reasoning_effort is not None:
+        body["reasoning_effort"] = request.reasoning_effort
     if request.stream:
         body["stream_options"] = {"include_usage": True}
     if token_ids:
         body["return_token_ids"] = True
     return body
+
+
+def _wire_tool_choice(choice: str | Mapping[str, str]) -> str | dict[str, Any]:
+    """The validated tool_choice ("auto" | "none" | "required" | {"name"}) as OpenAI sends it."""
+    if isinstance(choice, str):
+        return choice
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def _wire_response_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated response_format (`tool_specs.parse_response_format`) as Chat sends it."""
+    if response_format["type"] != "json_schema":
+        return dict(response_format)
+    spec = {k: response_format[k] for k in ("name", "schema", "strict")}
+    return {"type": "json_schema", "json_schema": spec}
 
 
 @dataclasses.dataclass
@@ -310,6 +329,12 @@ class UpstreamProxy(DataProxy):
 
     async def _chat(self, request, call, tools, keys, started, *, opening: bool):
         """`DataProxy.chat` (sessions, implicit sessions) with the upstream generating."""
+        if request.n > 1:
+            raise bad_request(
+                "n > 1 is not recorded in front of an upstream server; send n separate calls",
+                param="n",
+                code="unsupported_with_upstream",
+            )
         interaction_id = ids.interaction_id("chatcmpl", call.session_id)
         body = upstream_body(request, self.model_id, self.token_ids)
         if request.stream:
@@ -323,7 +348,7 @@ class UpstreamProxy(DataProxy):
             await self._open_implicit(call)
         reply = UpstreamReply.from_answer(answer)
         await self._record(request, call, tools, interaction_id, started, reply)
-        self.metrics.completions.labels("chat", reply.finish_reason).inc()
+        self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
         return self._client_view(request, {**answer, "id": interaction_id})
 
     def _client_view(self, request: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
@@ -350,7 +375,7 @@ class UpstreamProxy(DataProxy):
                 chunk = await anext(stream, None)
             recorded = True
             await self._record(request, call, tools, interaction_id, started, reply)
-            self.metrics.completions.labels("chat", reply.finish_reason).inc()
+            self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
             for chunk in held:
                 if chunk.get("choices") or request.include_usage:
                     yield _sse(chunk)
@@ -381,7 +406,7 @@ class UpstreamProxy(DataProxy):
             start, rewritten = new_messages(state.known, request.messages)
             now = time.time()
             extra: dict[str, Any] = {
-                "endpoint": "chat",
+                "endpoint": request.endpoint,
                 "upstream": self.upstream.name,
                 "exact_tokens": reply.exact,
                 "finish_reason": reply.finish_reason,
@@ -474,5 +499,12 @@ class UpstreamProxy(DataProxy):
             max_tokens=d.max_tokens,
             stop=d.stop,
             seed=d.seed,
-            extra={"seed_given": d.seed is not None, "upstream": self.upstream.name},
+            extra={
+                "seed_given": d.seed is not None,
+                "upstream": self.upstream.name,
+                "tool_choice": request.tool_choice,
+                "response_format": request.response_format,
+                "reasoning_effort": request.reasoning_effort,
+                "ignored_fields": list(request.ignored),
+            },
         )

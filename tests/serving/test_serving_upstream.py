@@ -1,6 +1,8 @@
 """`python -m serving --upstream URL`: gateway, router and data proxy in front of another
 OpenAI-compatible server (here a second copy of ours), recording what it returns."""
 
+import json
+
 import openai
 import pytest
 from serving_harness import (
@@ -20,7 +22,7 @@ from atdp_io import AtdpStore, EventKind, EventMetadata, ReplayClass
 from serving.common.openai_requests import parse_chat_request
 from serving.local import LocalServerConfig, create_local_server
 from serving.proxy.config import ProxyConfig
-from serving.proxy.upstream import UpstreamClient, UpstreamProxy, UpstreamReply
+from serving.proxy.upstream import UpstreamClient, UpstreamProxy, UpstreamReply, upstream_body
 
 MODEL = "sao-test"
 
@@ -119,6 +121,99 @@ def test_upstream_errors_come_back_in_the_openai_shape(servers):
             messages=[{"role": "user", "content": "word " * 3000}],
             max_tokens=2,
         )
+
+
+DOOR = {
+    "type": "function",
+    "function": {
+        "name": "open_door",
+        "parameters": {
+            "type": "object",
+            "properties": {"door": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["door"],
+            "additionalProperties": False,
+        },
+    },
+}
+ANSWER = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+def test_agent_fields_reach_the_upstream_in_openai_form(servers):
+    """A named tool_choice, a json_schema response_format and reasoning_effort are validated
+    by the front and sent on in OpenAI's wire form (the upstream, a copy of ours, enforces
+    them); n > 1 is refused with a clear error; a Responses call is recorded as such."""
+    front, _, buffer = servers
+    status, session = api(front.url, "/rl/start_session", {"tenant": "fields"})
+    assert status == 200
+    client = openai.OpenAI(base_url=front.url + "/v1", api_key=session["api_key"], max_retries=0)
+    messages = [{"role": "user", "content": "open a door"}]
+    forced = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=[DOOR],
+        tool_choice={"type": "function", "function": {"name": "open_door"}},
+        max_tokens=120,
+        seed=1,
+        reasoning_effort="none",
+    )
+    (call,) = forced.choices[0].message.tool_calls
+    assert call.function.name == "open_door"
+    assert 1 <= json.loads(call.function.arguments)["door"] <= 9
+    structured = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": ANSWER, "strict": True},
+        },
+        max_tokens=80,
+        seed=2,
+    )
+    assert isinstance(json.loads(structured.choices[0].message.content)["ok"], bool)
+    with pytest.raises(openai.BadRequestError, match="n > 1") as refused:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, n=2)
+    assert refused.value.body["param"] == "n"
+    response = client.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+    trajectory = read_trajectories(buffer, "fields")[session["session_id"]]
+    replies = {e.metadata.interaction_id: e for e in trajectory.events if e.metadata.interaction_id}
+    assert set(replies) == {forced.id, structured.id, response.id}  # the refused call: nothing
+    assert replies[forced.id].action.tool_calls[0].name == "open_door"
+    assert replies[response.id].metadata.extra["endpoint"] == "responses"
+    assert replies[forced.id].metadata.extra["endpoint"] == "chat"
+
+
+def test_upstream_body_speaks_openai():
+    request = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [DOOR],
+            "tool_choice": {"type": "function", "function": {"name": "open_door"}},
+            "response_format": {"type": "json_object"},
+            "reasoning_effort": "low",
+        }
+    )
+    body = upstream_body(request, "m", token_ids=False)
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "open_door"}}
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["reasoning_effort"] == "low" and "n" not in body
+    request = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": ANSWER},
+            },
+        }
+    )
+    spec = upstream_body(request, "m", token_ids=True)["response_format"]["json_schema"]
+    assert spec == {"name": "a", "schema": ANSWER, "strict": False}
 
 
 # A chat completion as vLLM answers it with `return_token_ids` and `logprobs` (the shape of
