@@ -200,9 +200,19 @@ def llm_event(
     )
 
 
+CHAT_ENDPOINTS = ("chat", "responses")  # llm_calls whose reply continues the conversation
+
+
+def is_first_sample(event: Event) -> bool:
+    """Sample 0 of its request (a request with `n` > 1 records `decoding.extra.sample_index`):
+    the one the conversation continues from."""
+    return event.llm is None or not event.llm.decoding.extra.get("sample_index")
+
+
 def conversation_from_events(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The chat messages a recorded trajectory implies (to resume a session after a restart):
-    messages and tool results as sent, completions as the assistant replies returned."""
+    messages and tool results as sent, completions (sample 0 of each) as the assistant
+    replies returned."""
     messages: list[dict[str, Any]] = []
     for event in events:
         if event.metadata.extra.get("reported"):
@@ -223,7 +233,11 @@ def conversation_from_events(events: Sequence[Event]) -> list[dict[str, Any]]:
             messages.append(
                 {"role": "tool", "content": event.result or "", "tool_call_id": call_id}
             )
-        elif event.kind == EventKind.LLM_CALL and event.metadata.extra.get("endpoint") == "chat":
+        elif (
+            event.kind == EventKind.LLM_CALL
+            and event.metadata.extra.get("endpoint") in CHAT_ENDPOINTS
+            and is_first_sample(event)
+        ):
             action = event.action
             message = {"role": "assistant", "content": action.text if action else ""}
             if action is not None and action.tool_calls:

@@ -43,7 +43,7 @@ from serving.common.errors import ApiError
 from serving.common.governance import governance_from_json
 from serving.proxy.conversation import Canonical, canonical
 from serving.proxy.prefix import SampledTurn, TurnIndex
-from serving.proxy.recording import conversation_from_events
+from serving.proxy.recording import conversation_from_events, is_first_sample
 
 T = TypeVar("T")
 
@@ -179,7 +179,8 @@ class SessionBook:
         for index, event in enumerate(trajectory.events):
             if event.kind == EventKind.LLM_CALL:
                 state.cost_usd += event.metadata.cost_usd or 0.0
-                state.last_llm = index
+                if is_first_sample(event):  # as recorder.py moves it
+                    state.last_llm = index
                 if event.metadata.interaction_id:
                     state.interactions[event.metadata.interaction_id] = index
             if event.metadata.extra.get("reported") and event.action is not None:

@@ -16,7 +16,9 @@ from atdp_io import EventKind
 from serving.common.responses_requests import parse_responses_request
 from serving.gateway import responses_api
 from serving.proxy import responses
+from serving.proxy.conversation import canonical
 from serving.proxy.proxy import _sse, _text_delta
+from serving.proxy.recording import conversation_from_events
 
 MODEL = "sao-test"
 TENANT = "acme"
@@ -279,3 +281,36 @@ def test_reasoning_content_becomes_a_reasoning_item(text, finish):
     stored_reply = responses_api.reply_message(final["output"])
     assert stored_reply["content"] == (reply.content or ("" if not reply.tool_calls else None))
     assert "think" not in json.dumps(stored_reply)
+
+
+def test_previous_response_id_reuses_the_sampled_ids(server):
+    """A stored conversation continues token-exactly: the next call's prompt starts with the
+    previous call's input and output ids, and the trajectory's conversation (as a restarted
+    proxy rebuilds it) includes the Responses replies."""
+    thread, _, buffer = server
+    session_id, client = session_client(thread.url)
+    first = client.responses.create(
+        model=MODEL, input="look around", max_output_tokens=6, temperature=0
+    )
+    second = client.responses.create(
+        model=MODEL,
+        input="and now?",
+        previous_response_id=first.id,
+        max_output_tokens=4,
+        temperature=0,
+    )
+    events = events_of(buffer, session_id)
+    before, after = [e for e in events if e.kind == EventKind.LLM_CALL]
+    assert after.metadata.extra["prompt"]["extends"] == first.id
+    assert "context_rewritten" not in after.metadata.extra
+    reused = [*before.llm.input_ids.tolist(), *before.llm.output_ids.tolist()]
+    assert after.llm.input_ids[: len(reused)].tolist() == reused
+    expected = [
+        {"role": "user", "content": "look around"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "and now?"},
+        {"role": "assistant", "content": second.output_text},
+    ]
+    assert [canonical(m) for m in conversation_from_events(events)] == [
+        canonical(m) for m in expected
+    ]
