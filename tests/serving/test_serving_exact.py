@@ -16,9 +16,11 @@ from serving_harness import TOOL_MESSAGES, WEATHER_TOOL, api, local_server, read
 from atdp_io import EventKind
 from atdp_io.rows import extends_previous
 from sao_jax.tokenizers import parse_tool_calls
+from serving.common.openai_requests import parse_chat_request
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
 from serving.proxy.prefix import SampledTurn, TurnIndex, conversation_keys, render_prompt
 from serving.proxy.responses import ReasoningStreamFilter, split_reasoning
+from serving.proxy.runner import CallContext
 
 MODEL = "sao-test"
 TENANT = "exact"
@@ -264,3 +266,54 @@ def test_a_tool_call_reply_is_the_parse_of_its_ids_and_the_next_turn_extends_the
     assert (parsed.content or None) == message.content
     assert extends_previous(trajectory)
     assert second.metadata.extra["prompt"]["extends"] == reply.id
+
+
+def test_abandoned_n_sample_stream_records_every_sample(server):
+    """A stream of `n` = 2 choices closed during choice 0 (here on the data proxy itself, so
+    the moment is exact) cancels both generations; both samples are recorded as cancelled with
+    the tokens the proxy had read, the messages once."""
+    thread, parts, buffer = server
+    session_id, _ = session(thread.url)
+    request = parse_chat_request(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "tell me two long stories"}],
+            "n": 2,
+            "stream": True,
+            "max_tokens": 400,
+            "seed": 3,
+        }
+    )
+
+    async def leave_early() -> list[dict]:
+        call = CallContext(session_id, TENANT, parts.router.route(session_id))
+        stream = await parts.proxy.chat(request, call)
+        received = []
+        async for data in stream:
+            received.append(json.loads(data.removeprefix(b"data: ")))
+            if len(received) == 2:  # the role chunk and choice 0's first text
+                break
+        await stream.aclose()
+        return received
+
+    received = thread.call(leave_early())
+    assert [c["choices"][0]["index"] for c in received] == [0, 0]
+    deadline = time.monotonic() + 60
+    calls = []
+    while time.monotonic() < deadline and len(calls) < 2:
+        time.sleep(0.2)
+        calls = llm_calls(buffer, session_id)[1]
+    assert [c.llm.decoding.extra["sample_index"] for c in calls] == [0, 1]
+    for call in calls:
+        assert call.llm.finish_reason == "cancelled"
+        assert call.error_class == "generation_cancelled"
+        assert 0 < call.llm.output_ids.shape[0] < 400
+    delta = received[1]["choices"][0]["delta"]
+    seen = delta.get("content") or ""
+    assert sampled_text(calls[0].llm).startswith(seen)
+    trajectory = read_trajectories(buffer, TENANT)[session_id]
+    assert [e.kind for e in trajectory.events].count(EventKind.MESSAGE) == 1  # messages once
+    deadline = time.monotonic() + 30
+    while parts.worker.engine.status()["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert parts.worker.engine.status()["running"] == 0
