@@ -56,6 +56,12 @@ class LoaderConfig:
     rows (a batch of the few long failures that finished last). A group is never split: one
     that would pass the limit waits for the next batch (a single group larger than it is
     batched alone).
+    `reward_grace_s`: the stream holds a closed trajectory back until it has a late reward
+    (`LateReward`, e.g. a serving `/rl/set_reward`) or this many seconds passed since the
+    stream first saw it closed, so a reward posted just after the episode ended still reaches
+    training (0: stream at close). Commit order is kept: later trajectories wait behind it.
+    A reward arriving after the trajectory was streamed is kept in storage (epochs read it)
+    but does not reach the stream.
     """
 
     rows: int
@@ -72,6 +78,7 @@ class LoaderConfig:
     group_by: str | None = None
     eligibility: EligibilityPolicy = dataclasses.field(default_factory=EligibilityPolicy)
     max_trajectories: int | None = None
+    reward_grace_s: float = 0.0
 
     def __post_init__(self):
         if self.rows < 1 or self.seq_len < 1:
@@ -88,6 +95,10 @@ class LoaderConfig:
             raise ValueError("LoaderConfig.staleness_unit must be 'row' or 'trajectory'")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError("LoaderConfig.max_staleness must be >= 0 or None")
+        if not (self.reward_grace_s >= 0 and self.reward_grace_s < float("inf")):
+            raise ValueError(
+                f"LoaderConfig.reward_grace_s must be >= 0 seconds, got {self.reward_grace_s!r}"
+            )
         if self.max_trajectories is not None and (
             isinstance(self.max_trajectories, bool)
             or not isinstance(self.max_trajectories, int)

@@ -368,6 +368,9 @@ class _StreamIterator(grain.DatasetIterator):
         super().__init__()
         self._source = source
         self._cursors = dict.fromkeys(source._loader.readers, 0)
+        # (tenant, row) -> when this iterator first saw a closed trajectory still waiting for a
+        # late reward (`LoaderConfig.reward_grace_s`)
+        self._waiting: dict[tuple[str, int], float] = {}
         # groups passed per tenant (with `group_by`): shards deal out groups by this ordinal
         self._groups = dict.fromkeys(source._loader.readers, 0)
 
@@ -403,6 +406,9 @@ class _StreamIterator(grain.DatasetIterator):
                     # is visible is complete
                     length = groups_lib.run_length_at(reader.index, position, group_by)
                     ordinal = self._groups[tenant]
+                if not self._rewarded(tenant, reader.index, order[position : position + length]):
+                    break  # in commit order: the rest of this tenant waits behind it
+                if group_by is not None:
                     self._groups[tenant] += 1
                 self._cursors[tenant] += length
                 # by position in the close order (group ordinal with `group_by`), the same on
@@ -413,6 +419,22 @@ class _StreamIterator(grain.DatasetIterator):
                     keys.extend((tenant, row) for row in members)
                     groups.extend([(tenant, members[0])] * length)
         return keys, (groups if group_by is not None else None)
+
+    def _rewarded(self, tenant: str, index, rows: list[int]) -> bool:
+        """Whether trajectories `rows` may be streamed now: each has a late reward, or waited
+        `reward_grace_s` since this iterator first saw it closed."""
+        grace = self._source._loader.config.reward_grace_s
+        if grace <= 0:
+            return True
+        now = time.monotonic()
+        ready = True
+        for row in rows:
+            if not index.by_row[row].late_rewards():
+                ready &= now - self._waiting.setdefault((tenant, row), now) >= grace
+        if ready:
+            for row in rows:
+                self._waiting.pop((tenant, row), None)
+        return ready
 
     def get_state(self) -> dict[str, Any]:
         if self._source._loader.config.group_by is None:

@@ -102,6 +102,7 @@ def online_rl(run: Run, config: OnlineConfig, log: MetricsWriter, learner: Learn
         rows=spec.rows,
         seq_len=spec.seq_len,
         max_staleness=spec.max_staleness,
+        reward_grace_s=spec.reward_grace_s,
         current_version=lambda: learner.policy_version,
     )
     bar = ProgressBar(

@@ -100,6 +100,9 @@ class OnlineSpec:
         learner (None: keep all).
       idle_timeout_s: a stream idle this long hands over its partial batch.
       max_wall_seconds: also stop the online phase after this long (0: no limit).
+      reward_grace_s: hold each closed trajectory back from the learner until it has a late
+        reward or this many seconds passed (`LoaderConfig.reward_grace_s`): for agents or
+        graders that post rewards after `/rl/end_session` (0: train at close).
     """
 
     policy_steps: int = 40
@@ -108,6 +111,7 @@ class OnlineSpec:
     max_staleness: int | None = 2
     idle_timeout_s: float = 5.0
     max_wall_seconds: float = 0.0
+    reward_grace_s: float = 0.0
 
     def __post_init__(self):
         if self.policy_steps < 1 or self.rows < 1 or self.seq_len < 2:

@@ -1,5 +1,8 @@
 """`python -m serving --config tiny --port 8000 --buffer DIR --admin-key KEY`: gateway, router,
-one data proxy and one worker in one process (see docs/serving.md)."""
+one data proxy and one worker in one process (see docs/serving.md).
+
+`python -m serving --upstream http://host:8000/v1 --buffer DIR --admin-key KEY`: gateway, router
+and data proxy in front of another OpenAI-compatible server, recording its traffic."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from serving.gateway.config import GatewayConfig
 from serving.proxy.client import LocalProxyClient
 from serving.proxy.config import ProxyConfig
 from serving.proxy.proxy import DataProxy
+from serving.proxy.upstream import UpstreamClient, UpstreamProxy, UpstreamWorker
 from serving.router.client import LocalRouterClient
 from serving.router.config import RouterConfig
 from serving.router.router import Router, RouterMetrics
@@ -67,6 +68,15 @@ class LocalServerConfig:
         each call's cost_usd; none: costs stay unknown.
       purge_every_s: seconds between scheduled purges of expired trajectories (the first at
         startup); none: no scheduled purge.
+      implicit_idle_s: tenant-key chat calls are grouped into multi-turn trajectories by
+        conversation prefix, each closed after this many idle seconds; none: one-call
+        trajectories.
+      upstream: base URL (ending in /v1) of another OpenAI-compatible server to put the
+        gateway and data proxy in front of, instead of a JAX worker (model flags are ignored).
+      upstream_key: API key the upstream expects (also read from SAO_UPSTREAM_KEY).
+      upstream_model: the upstream model to serve (default: the first it lists).
+      upstream_token_ids: ask the upstream for token ids (vLLM `return_token_ids`), so calls
+        are recorded as trainable llm_call events; only for servers that accept the field.
     """
 
     host: str = "127.0.0.1"
@@ -96,11 +106,17 @@ class LocalServerConfig:
     max_concurrent_requests: int = 1024
     prices: str | None = None
     purge_every_s: float | None = 3600.0
+    implicit_idle_s: float | None = 300.0
+    upstream: str | None = None
+    upstream_key: str | None = None
+    upstream_model: str | None = None
+    upstream_token_ids: bool = False
 
     def __post_init__(self):
         if not self.buffer:
             raise ValueError("--buffer (the ATDP store to record into) is required")
         self.admin_key = self.admin_key or os.environ.get("SAO_ADMIN_KEY")
+        self.upstream_key = self.upstream_key or os.environ.get("SAO_UPSTREAM_KEY")
         if self.state_dir is None:
             if "://" in self.buffer:
                 raise ValueError("with a remote --buffer, pass --state-dir (a local directory)")
@@ -122,6 +138,7 @@ class LocalServerConfig:
             redact_disable=self.redact_disable,
             prices=self.prices,
             purge_every_s=self.purge_every_s,
+            implicit_idle_s=self.implicit_idle_s,
         )
 
     def gateway_config(self) -> GatewayConfig:
@@ -141,13 +158,15 @@ class LocalServer:
     """Handles on the parts of a one-process server (for tests, benchmarks, the learner)."""
 
     app: web.Application
-    worker: Worker
+    worker: Worker | None  # None in front of an upstream server
     router: Router
     proxy: DataProxy
 
 
 def create_local_server(config: LocalServerConfig, *, worker: Worker | None = None) -> LocalServer:
     """Build the one-process server; the worker starts with the app and stops with it."""
+    if config.upstream:
+        return create_upstream_server(config)
     registry = new_registry()
     if worker is None:
         worker = Worker.from_config(config.worker_config(), registry)
@@ -191,3 +210,66 @@ def create_local_server(config: LocalServerConfig, *, worker: Worker | None = No
 
     app.cleanup_ctx.insert(0, lifecycle)
     return LocalServer(app, worker, router, proxy)
+
+
+def create_upstream_server(config: LocalServerConfig) -> LocalServer:
+    """Gateway, router and data proxy in front of `config.upstream` (see `proxy/upstream.py`);
+    the upstream must answer `GET /models` now (its model is read at startup)."""
+    registry = new_registry()
+    upstream = UpstreamClient(
+        config.upstream, config.upstream_key, timeout_s=config.request_timeout_s
+    )
+    worker_client = UpstreamWorker(upstream, config.upstream_model)
+    info = _startup_info(worker_client)
+    router = Router(
+        RouterConfig(), [LOCAL_PROXY], {upstream.name: worker_client}, RouterMetrics(registry)
+    )
+    router_client = LocalRouterClient(router)
+    proxy = UpstreamProxy(
+        config.proxy_config(),
+        upstream=upstream,
+        model_info=info,
+        store=AtdpStore.open(config.buffer),
+        registry=registry,
+        token_ids=config.upstream_token_ids,
+    )
+    proxy_client = LocalProxyClient(proxy)
+    app = gateway_app.create_app(
+        config.gateway_config(),
+        router=router_client,
+        proxies=[LOCAL_PROXY],
+        proxy_client=lambda name: proxy_client,
+        worker_client=lambda name: worker_client,
+        registry=registry,
+    )
+
+    async def lifecycle(app: web.Application):
+        proxy.start()
+        await router.poll_once()
+        health = asyncio.create_task(router.run_health_checks())
+        yield
+        health.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await health
+        await proxy.close()
+        await upstream.close()
+
+    app.cleanup_ctx.insert(0, lifecycle)
+    return LocalServer(app, None, router, proxy)
+
+
+def _startup_info(worker: UpstreamWorker) -> dict:
+    """The upstream's model info, fetched on a private event loop before serving (its HTTP
+    session is closed again: the server's loop opens its own)."""
+
+    async def fetch():
+        try:
+            return await worker.info()
+        finally:
+            await worker.client.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(fetch())
+    finally:
+        loop.close()

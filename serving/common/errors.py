@@ -8,6 +8,7 @@ raises `ApiError`; anything unexpected is logged and answered 500, and the serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -98,6 +99,10 @@ def _is_text(value: str) -> bool:
     return True
 
 
+# Bodies larger than this are parsed (and, at the gateway, validated) on a worker thread.
+OFF_LOOP_BYTES = 64 * 1024
+
+
 def check_json_body(body: Any) -> None:
     """400 for a parsed body deeper than MAX_JSON_DEPTH or with a string (value or key) that
     is not Unicode text, so nothing behind the parser (tokenizer, redactor, the store's UTF-8
@@ -136,6 +141,13 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     raw = await request.read()  # a chunked body: aiohttp answers 413 past client_max_size
     if not raw:
         raise bad_request("the request body is empty; expected a JSON object")
+    if len(raw) > OFF_LOOP_BYTES:  # parsing megabytes takes long enough to stall other calls
+        return await asyncio.to_thread(parse_json_object, raw)
+    return parse_json_object(raw)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """`raw` as a checked JSON object (see `read_json_object`)."""
     try:
         body = json.loads(raw)
     except RecursionError:

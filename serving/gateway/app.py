@@ -5,6 +5,7 @@
     GET  /v1/models, /v1/models/{id}               any valid key
     POST /rl/start_session  {"tenant"?, "task_id"?, "task"?, "user_id"?}  admin or tenant key
     POST /rl/set_reward     {"reward", "interaction_id"?, "session_id"?, "source"?}
+    POST /rl/event          {"type", "name", ...} a tool / retrieval / memory / approval event
     POST /rl/end_session    {"session_id"?, "success"?, "info"?}  -> also the session's cost_usd
     POST /rl/session_cost   {"session_id"?}                      -> {"session_id", "cost_usd"}
     POST /rl/export         {"tenant"?, "session_id"?, "eligible_only"?, "include_open"?}
@@ -41,6 +42,7 @@ from serving.gateway.gateway import Gateway
 from serving.gateway.sessions import SessionTable
 from serving.gateway.tenants import TenantDirectory
 from serving.proxy.client import HttpProxyClient, ProxyClient
+from serving.proxy.events import parse_event
 from serving.router.client import HttpRouterClient, RouterClient
 from serving.worker.client import HttpWorkerClient, WorkerClient
 
@@ -87,24 +89,32 @@ async def _send(
 # ------------------------------------------------------------------------- OpenAI API
 
 
+async def _parsed(parse, body: dict[str, Any]):
+    """Validate a completion body on a worker thread: a huge conversation takes long enough to
+    check that the event loop (every other request, /health) must not wait for it."""
+    return await asyncio.to_thread(parse, body)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     principal = _principal(request)
     body = await read_json_object(request)
-    result = await request.app[GATEWAY].complete(principal, parse_chat_request(body))
+    result = await request.app[GATEWAY].complete(principal, await _parsed(parse_chat_request, body))
     return await _send(request, result)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     principal = _principal(request)
     body = await read_json_object(request)
-    result = await request.app[GATEWAY].complete(principal, parse_completion_request(body))
+    parsed = await _parsed(parse_completion_request, body)
+    result = await request.app[GATEWAY].complete(principal, parsed)
     return await _send(request, result)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     principal = _principal(request)
     body = await read_json_object(request)
-    result = await request.app[GATEWAY].respond(principal, parse_responses_request(body))
+    parsed = await _parsed(parse_responses_request, body)
+    result = await request.app[GATEWAY].respond(principal, parsed)
     return await _send(request, result)
 
 
@@ -212,19 +222,53 @@ async def set_reward(request: web.Request) -> web.Response:
         if session_id is not None and session_id != implied:
             raise bad_request("'interaction_id' belongs to another session", param="interaction_id")
         session_id = implied
-    record = owned_session(principal, gateway.sessions, session_id)
     source = _optional(body, "source", str) or "user"
+    if principal.kind == "tenant" and session_id and not gateway.sessions.get(session_id):
+        # not a started session: a trajectory the data proxy made of tenant-key calls
+        # (grouped by prefix, or one call); the proxy looks in this tenant's data only
+        result = await gateway.set_unlisted_reward(
+            principal.tenant.name, session_id, float(reward), interaction_id, source
+        )
+        return web.json_response(result)
+    record = owned_session(principal, gateway.sessions, session_id)
     result = await gateway.set_reward(record, float(reward), interaction_id, source)
     return web.json_response(result)
+
+
+async def record_event(request: web.Request) -> web.Response:
+    """A tool call, retrieval, memory operation or approval the agent reports
+    (`serving/proxy/events.py`), joined to its session's trajectory."""
+    principal = _principal(request)
+    gateway = request.app[GATEWAY]
+    body = await read_json_object(request)
+    event = parse_event(body)
+    session_id = _optional(body, "session_id", str)
+    if event.interaction_id is not None:
+        implied = session_of(event.interaction_id)
+        if session_id is not None and implied is not None and session_id != implied:
+            raise bad_request("'interaction_id' belongs to another session", param="interaction_id")
+        session_id = session_id or implied
+    if principal.kind == "tenant" and session_id and not gateway.sessions.get(session_id):
+        result = await gateway.record_unlisted_event(principal.tenant.name, session_id, event)
+        return web.json_response(result)
+    record = owned_session(principal, gateway.sessions, session_id)
+    if record.ended:
+        raise ApiError(409, f"session {record.session_id!r} has ended", code="session_ended")
+    return web.json_response(await gateway.record_event(record, event))
 
 
 async def end_session(request: web.Request) -> web.Response:
     principal = _principal(request)
     gateway = request.app[GATEWAY]
     body = await read_json_object(request)
-    record = owned_session(principal, gateway.sessions, _optional(body, "session_id", str))
+    session_id = _optional(body, "session_id", str)
     success = _optional(body, "success", bool)
     info = _optional(body, "info", dict) or {}
+    if principal.kind == "tenant" and session_id and not gateway.sessions.get(session_id):
+        # an implicit trajectory of tenant-key calls: ended by the harness that knows
+        result = await gateway.end_unlisted(principal.tenant.name, session_id, success, info)
+        return web.json_response(result)
+    record = owned_session(principal, gateway.sessions, session_id)
     return web.json_response(await gateway.end_session(record, success, info))
 
 
@@ -420,6 +464,7 @@ def create_app(
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_post("/rl/start_session", start_session)
     app.router.add_post("/rl/set_reward", set_reward)
+    app.router.add_post("/rl/event", record_event)
     app.router.add_post("/rl/end_session", end_session)
     app.router.add_post("/rl/session_cost", session_cost)
     app.router.add_post("/rl/export", export)

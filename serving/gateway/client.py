@@ -6,6 +6,8 @@ what OpenAI's API has no words for: sessions, rewards, export and the admin oper
     gateway = GatewayClient("http://127.0.0.1:8000", admin_key)
     session = gateway.start_session("acme", task_id="ticket-42")
     reply = session.openai().chat.completions.create(model=..., messages=[...])
+    with session.timed("tool", "search", arguments=args, call_id=call.id) as event:
+        event.result = search(**args)              # the agent's own tool: latency, errors
     session.set_reward(1.0, interaction_id=reply.id)
     session.end(success=True)                       # its answer has the session's cost_usd
     gateway.delete("acme", user_id="user-7")        # or withdraw_consent(...): data rights
@@ -16,8 +18,10 @@ OpenAI error fields.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -50,6 +54,18 @@ def _call(url: str, path: str, key: str, body: dict[str, Any] | None, timeout: f
     return json.loads(_request(url, path, key, body, timeout))
 
 
+@dataclasses.dataclass
+class TimedEvent:
+    """What `Session.timed` reports: set `result` (and any /rl/event field in `fields`)."""
+
+    fields: dict[str, Any]
+    result: Any = None
+
+
+def type_name(error: BaseException) -> str:
+    return type(error).__name__
+
+
 @dataclasses.dataclass(frozen=True)
 class Session:
     """A started session: its id and key, bound to the gateway that issued it."""
@@ -72,6 +88,34 @@ class Session:
         """Reward one completion (its response id) or, without one, the last completion."""
         body = {"reward": reward, "interaction_id": interaction_id, "source": source}
         return _call(self.gateway_url, "/rl/set_reward", self.api_key, body, self.timeout_s)
+
+    def event(self, type: str, name: str, **fields: Any) -> dict[str, Any]:
+        """Report a tool call, retrieval, memory operation or approval (`type` "tool",
+        "retrieval", "memory", "approval"; `fields` as `/rl/event`: call_id, arguments,
+        result, approved, error, latency_s, version, interaction_id)."""
+        body = {"type": type, "name": name, **{k: v for k, v in fields.items() if v is not None}}
+        return _call(self.gateway_url, "/rl/event", self.api_key, body, self.timeout_s)
+
+    @contextlib.contextmanager
+    def timed(self, type: str, name: str, **fields: Any) -> Iterator[TimedEvent]:
+        """Time a boundary and report it when the block ends, with the exception's type as
+        its error if one escaped (then re-raised):
+
+            with session.timed("tool", "search", arguments={"q": q}, call_id=call.id) as event:
+                event.result = search(q)
+        """
+        event = TimedEvent(dict(fields))
+        start = time.monotonic()
+        try:
+            yield event
+        except BaseException as error:
+            event.fields["error"] = f"{type_name(error)}: {error}"[:500]
+            raise
+        finally:
+            event.fields["latency_s"] = time.monotonic() - start
+            if event.result is not None:
+                event.fields["result"] = event.result
+            self.event(type, name, **event.fields)
 
     def end(self, *, success: bool | None = None, info: dict[str, Any] | None = None) -> dict:
         body = {"success": success, "info": info or {}}
@@ -123,6 +167,12 @@ class GatewayClient:
             "source": source,
         }
         return self._post("/rl/set_reward", body)
+
+    def event(self, type: str, name: str, **fields: Any) -> dict[str, Any]:
+        """Report an event with this client's key (a tenant key: give `session_id`, or the
+        `interaction_id` of the completion it follows); fields as `Session.event`."""
+        body = {"type": type, "name": name, **{k: v for k, v in fields.items() if v is not None}}
+        return self._post("/rl/event", body)
 
     def end_session(self, session_id: str, *, success: bool | None = None, info=None) -> dict:
         body = {"session_id": session_id, "success": success, "info": info or {}}

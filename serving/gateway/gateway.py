@@ -7,6 +7,7 @@ routed call on the session's data proxy, and fans admin operations out to every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -170,8 +171,9 @@ class Gateway:
         self, stream: AsyncIterator[bytes], ephemeral: CallContext | None
     ) -> AsyncIterator[bytes]:
         try:
-            async for data in stream:
-                yield data
+            async with contextlib.aclosing(stream):  # a client that left cancels it now
+                async for data in stream:
+                    yield data
         finally:
             self._release()
             if ephemeral is not None:
@@ -242,6 +244,55 @@ class Gateway:
             record.session_id, record.tenant, value, interaction_id=interaction_id, source=source
         )
         return {"session_id": record.session_id, "interaction_id": interaction_id, **result}
+
+    async def record_event(self, record: SessionRecord, event) -> dict[str, Any]:
+        result = await self.proxy_client(record.proxy).record_event(
+            record.session_id, record.tenant, event
+        )
+        return {"session_id": record.session_id, **result}
+
+    async def record_unlisted_event(self, tenant: str, session_id: str, event) -> dict[str, Any]:
+        """An event for a trajectory of `tenant` made of tenant-key calls (as
+        `set_unlisted_reward`)."""
+        return await self._on_some_proxy(
+            session_id, lambda proxy: proxy.record_event(session_id, tenant, event)
+        )
+
+    async def end_unlisted(
+        self, tenant: str, session_id: str, success: bool | None, info: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Ends a trajectory of `tenant` made of tenant-key calls (as `set_unlisted_reward`)."""
+        return await self._on_some_proxy(
+            session_id,
+            lambda proxy: proxy.end_session(session_id, tenant, success=success, info=info),
+        )
+
+    async def _on_some_proxy(self, session_id: str, call) -> dict[str, Any]:
+        """`call(proxy client)` on each data proxy until one knows the session (not a 404)."""
+        missing: ApiError | None = None
+        for proxy in self.proxies:
+            try:
+                result = await call(self.proxy_client(proxy))
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                missing = error
+                continue
+            return {"session_id": session_id, **result}
+        raise missing or ApiError(404, f"no session {session_id!r} for this tenant")
+
+    async def set_unlisted_reward(
+        self, tenant: str, session_id: str, value: float, interaction_id: str | None, source: str
+    ) -> dict[str, Any]:
+        """A reward for a trajectory of `tenant` that no started session names (tenant-key
+        calls): asked of each data proxy until one holds it; else the proxies' 404."""
+        result = await self._on_some_proxy(
+            session_id,
+            lambda proxy: proxy.set_reward(
+                session_id, tenant, value, interaction_id=interaction_id, source=source
+            ),
+        )
+        return {"interaction_id": interaction_id, **result}
 
     async def end_session(
         self, record: SessionRecord, success: bool | None, info: dict[str, Any]

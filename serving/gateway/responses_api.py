@@ -3,8 +3,9 @@ completion (or its SSE stream), and the stored conversations `previous_response_
 
 A response's id is its chat completion's interaction id, so `/rl/set_reward` takes it as is.
 The stream is translated event by event: response.created / in_progress, then per output
-item output_item.added, content_part.added, output_text.delta ... done (a message), or
-output_item.added, function_call_arguments.delta / done (a tool call), and finally
+item output_item.added, content_part.added, reasoning_text.delta ... done (the thinking, from
+`reasoning_content`), output_item.added, content_part.added, output_text.delta ... done (a
+message), or output_item.added, function_call_arguments.delta / done (a tool call), and finally
 response.completed (or response.incomplete when the token limit cut the reply short). Every
 event carries a sequence_number.
 """
@@ -65,6 +66,16 @@ def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
     }
 
 
+def _reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": opaque_id("rs_", 24),
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
+
+
 def _call_item(call: Mapping[str, Any], status: str = "completed") -> dict[str, Any]:
     return {
         "type": "function_call",
@@ -122,14 +133,22 @@ def response_body(
 
 
 def output_items(message: Mapping[str, Any], finish_reason: str) -> list[dict[str, Any]]:
-    """A chat reply message as Responses output items: its text, then its tool calls."""
+    """A chat reply message as Responses output items: its reasoning (`reasoning_content`),
+    its text, then its tool calls."""
     status = "incomplete" if finish_reason == "length" else "completed"
-    items = [_message_item(message["content"], status)] if message.get("content") else []
+    items = []
+    if message.get("reasoning_content") is not None:
+        reasoning_status = status if message.get("content") is None else "completed"
+        items.append(_reasoning_item(message["reasoning_content"], reasoning_status))
+    if message.get("content"):
+        items.append(_message_item(message["content"], status))
     return items + [_call_item(call) for call in message.get("tool_calls") or ()]
 
 
 def reply_message(output: list[dict[str, Any]]) -> dict[str, Any]:
-    """Output items back as the chat assistant message a later call's history holds."""
+    """Output items back as the chat assistant message a later call's history holds. The
+    reasoning is left out, as chat clients leave out `reasoning_content`: the data proxy then
+    recognises the echoed reply and reuses its sampled ids (thinking included)."""
     text = "".join(
         part["text"] for item in output if item["type"] == "message" for part in item["content"]
     )
@@ -211,6 +230,7 @@ async def _translate(request, chat_stream, model, on_done) -> AsyncIterator[byte
     emit = EventWriter()
     response: dict[str, Any] | None = None
     text, message, output = "", None, []
+    thought, reasoning = "", None  # the open reasoning item and its text so far
     finish, usage, version = None, None, None
     async for payload in sse_payloads(chat_stream):
         if "error" in payload:
@@ -239,6 +259,31 @@ async def _translate(request, chat_stream, model, on_done) -> AsyncIterator[byte
             usage = payload["usage"]
         for choice in payload.get("choices") or ():
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                if reasoning is None:
+                    reasoning = _reasoning_item("", "in_progress")
+                    reasoning["content"] = []
+                    output.append(reasoning)
+                    index = len(output) - 1
+                    yield emit("response.output_item.added", output_index=index, item=reasoning)
+                    yield emit(
+                        "response.content_part.added",
+                        item_id=reasoning["id"],
+                        output_index=index,
+                        content_index=0,
+                        part={"type": "reasoning_text", "text": ""},
+                    )
+                thought += delta["reasoning_content"]
+                yield emit(
+                    "response.reasoning_text.delta",
+                    item_id=reasoning["id"],
+                    output_index=output.index(reasoning),
+                    content_index=0,
+                    delta=delta["reasoning_content"],
+                )
+            if delta.get("content") or delta.get("tool_calls"):
+                async for data in _close_reasoning(emit, reasoning, output, thought):
+                    yield data
             if delta.get("content"):
                 if message is None:
                     message = _message_item("", "in_progress")
@@ -290,6 +335,8 @@ async def _translate(request, chat_stream, model, on_done) -> AsyncIterator[byte
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
                 version = payload.get("policy_version")
+    async for data in _close_reasoning(emit, reasoning, output, thought, finish):
+        yield data
     async for data in _close_message(emit, message, output, text, finish):
         yield data
     if response is None or finish is None:
@@ -332,3 +379,28 @@ async def _close_message(emit, message, output, text, finish=None) -> AsyncItera
     )
     message.update(content=[part], status="incomplete" if finish == "length" else "completed")
     yield emit("response.output_item.done", output_index=index, item=message)
+
+
+async def _close_reasoning(emit, item, output, text, finish=None) -> AsyncIterator[bytes]:
+    """The done events of the open reasoning item, if any (when the answer starts, or at the
+    end: a reply cut by the token limit while thinking leaves it incomplete)."""
+    if item is None or item["status"] != "in_progress":
+        return
+    index = output.index(item)
+    part = {"type": "reasoning_text", "text": text}
+    yield emit(
+        "response.reasoning_text.done",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        text=text,
+    )
+    yield emit(
+        "response.content_part.done",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        part=part,
+    )
+    item.update(content=[part], status="incomplete" if finish == "length" else "completed")
+    yield emit("response.output_item.done", output_index=index, item=item)

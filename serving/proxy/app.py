@@ -4,6 +4,7 @@
     POST /chat         {"request": ChatRequest, "call": CallContext} -> body or SSE
     POST /completions  {"request": CompletionRequest, "call": CallContext} -> body or SSE
     POST /reward       {"session_id", "tenant", "value", "interaction_id"?, "source"}
+    POST /event        {"session_id", "tenant", "event": /rl/event body} (proxy/events.py)
     POST /end          {"session_id", "tenant", "success"?, "info"}
     POST /export       {"tenant", "session_id"?, "eligible_only", "include_open", "requested_by"}
     POST /delete       {"tenant", "requested_by", "reason", one of "session_id" / "user_id" /
@@ -33,6 +34,7 @@ from serving.common.metrics import metrics_handler, new_registry
 from serving.common.model_source import template_fingerprint
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy.config import ProxyConfig
+from serving.proxy.events import parse_event
 from serving.proxy.proxy import DataProxy
 from serving.proxy.runner import CallContext
 from serving.router.client import HttpRouterClient
@@ -66,8 +68,14 @@ async def _respond(request: web.Request, result: dict | AsyncIterator[bytes]) ->
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    async for data in result:
-        await response.write(data)
+    try:
+        async for data in result:
+            await response.write(data)
+    except ConnectionError:
+        # The gateway went away (its client left): closing the stream cancels the generation
+        # and records what was generated as `cancelled`.
+        await result.aclose()
+        return response
     await response.write_eof()
     return response
 
@@ -118,6 +126,17 @@ async def reward(request: web.Request) -> web.Response:
         float(value),
         interaction_id=_field(body, "interaction_id", str, required=False),
         source=_field(body, "source", str),
+    )
+    return web.json_response(result)
+
+
+async def event(request: web.Request) -> web.Response:
+    proxy = _proxy(request)
+    body = await read_json_object(request)
+    result = await proxy.record_event(
+        _field(body, "session_id", str),
+        _field(body, "tenant", str),
+        parse_event(_field(body, "event", dict)),
     )
     return web.json_response(result)
 
@@ -234,6 +253,7 @@ def create_app(
     app.router.add_post("/chat", chat)
     app.router.add_post("/completions", completions)
     app.router.add_post("/reward", reward)
+    app.router.add_post("/event", event)
     app.router.add_post("/end", end)
     app.router.add_post("/export", export)
     app.router.add_post("/delete", delete)

@@ -15,6 +15,7 @@ import aiohttp
 from serving.common.errors import ApiError
 from serving.common.http import raise_for_api_error, service_headers
 from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.proxy.events import AgentEvent
 from serving.proxy.proxy import DataProxy
 from serving.proxy.runner import CallContext
 
@@ -40,6 +41,8 @@ class ProxyClient(Protocol):
         self, session_id: str, tenant: str, *, success: bool | None, info: Mapping[str, Any]
     ) -> dict[str, Any]: ...
 
+    async def record_event(self, session_id: str, tenant: str, event: AgentEvent) -> dict: ...
+
     def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]: ...
 
     async def delete(
@@ -53,6 +56,14 @@ class ProxyClient(Protocol):
     async def session_cost(self, session_id: str, tenant: str) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
+
+
+def _event_body(event: AgentEvent) -> dict[str, Any]:
+    """The /rl/event body of a parsed event (parsed again, identically, by the proxy)."""
+    body = {k: v for k, v in event.to_json().items() if v not in (None, "")}
+    if event.type != "approval":
+        body.pop("approved", None)
+    return body
 
 
 class LocalProxyClient:
@@ -77,6 +88,9 @@ class LocalProxyClient:
 
     async def end_session(self, session_id, tenant, *, success, info):
         return await self.proxy.end_session(session_id, tenant, success=success, info=info)
+
+    async def record_event(self, session_id, tenant, event):
+        return await self.proxy.record_event(session_id, tenant, event)
 
     def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         return self.proxy.export(tenant, **kwargs)
@@ -180,6 +194,10 @@ class HttpProxyClient:
     async def end_session(self, session_id, tenant, *, success, info):
         body = {"session_id": session_id, "tenant": tenant, "success": success, "info": dict(info)}
         return await self._call("/end", body)
+
+    async def record_event(self, session_id, tenant, event):
+        body = {"session_id": session_id, "tenant": tenant, "event": _event_body(event)}
+        return await self._call("/event", body)
 
     async def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)

@@ -13,10 +13,13 @@ The proxy also prices each call (`pricing.py`), erases or withdraws consent on r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -30,7 +33,11 @@ from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import THINK_BUDGETS, ChatRequest, CompletionRequest
 from serving.proxy import responses
 from serving.proxy.config import ProxyConfig
+from serving.proxy.conversation import message_text
+from serving.proxy.events import AgentEvent, event_record
 from serving.proxy.grammars import output_grammar
+from serving.proxy.implicit import ImplicitSessions
+from serving.proxy.prefix import TurnIndex, conversation_keys, render_prompt
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recorder import CallRecord, CallRecorder
 from serving.proxy.runner import (
@@ -46,6 +53,9 @@ from serving.worker.client import WorkerClient
 from serving.worker.generation import GenerationRequest, TokenChunk
 
 __all__ = ["CallContext", "DataProxy", "ProxyMetrics"]
+
+IMPLICIT_TASK = {"implicit": True}  # the task of a trajectory grouped from tenant-key calls
+logger = logging.getLogger(__name__)
 
 
 class ProxyMetrics:
@@ -81,6 +91,25 @@ class ProxyMetrics:
         )
 
 
+def max_token_bytes(tokenizer: Tokenizer) -> int | None:
+    """The most UTF-8 bytes any vocabulary entry's string has (an upper bound on the bytes of
+    text one token covers), or None when the tokenizer does not list its vocabulary."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None or not hasattr(backend, "get_vocab"):
+        return None
+    return max(len(token.encode()) for token in backend.get_vocab(with_added_tokens=True))
+
+
+def _text_delta(reasoning: str, content: str) -> dict[str, str]:
+    """A chat delta with the reasoning and content texts that are not empty."""
+    delta = {}
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    if content:
+        delta["content"] = content
+    return delta
+
+
 def _sse(payload: Mapping[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n".encode()
@@ -106,6 +135,7 @@ class DataProxy:
         self.context_length = int(model_info["context_length"])
         self.template_fingerprint = model_info["template_fingerprint"]
         self.metrics = ProxyMetrics(registry)
+        self.max_token_bytes = max_token_bytes(tokenizer)
         envelope = Envelope(
             harness_schema=self.template_fingerprint,
             policy_checkpoint=model_info.get("checkpoint") or self.model_id,
@@ -119,6 +149,9 @@ class DataProxy:
         )
         self.runner = GenerationRunner(router, worker_client, self.metrics.moves)
         self.prices = PriceTable.from_file(config.prices) if config.prices else PriceTable()
+        self.implicit = None
+        if config.implicit_idle_s is not None:
+            self.implicit = ImplicitSessions(config.implicit_idle_s)
         self.recorder = CallRecorder(
             self.sessions,
             model_id=self.model_id,
@@ -127,7 +160,13 @@ class DataProxy:
             append_seconds=self.metrics.append_seconds,
             prices=self.prices,
             cost_counter=self.metrics.cost_usd,
+            implicit=self.implicit,
         )
+        # CPU-bound request work (rendering, tokenizing, hashing) runs here, never on the
+        # event loop, so a huge request cannot hold up /health or other calls
+        self._cpu = ThreadPoolExecutor(config.cpu_threads, thread_name_prefix="proxy-cpu")
+        self._background: set[asyncio.Task] = set()  # recordings of abandoned streams
+        self._reaper: asyncio.Task | None = None  # closes idle implicit sessions
         self.purge_schedule: PurgeSchedule | None = None
         self._purging = False
         if config.purge_every_s is not None:
@@ -170,6 +209,28 @@ class DataProxy:
         self.metrics.rewards.inc()
         return {"trajectory_id": session_id, "event_index": event_index, "reward": value}
 
+    async def record_event(self, session_id: str, tenant: str, event: AgentEvent) -> dict[str, Any]:
+        """A non-LLM boundary the agent reports (`events.py`), appended durably to the
+        session's open trajectory."""
+        state = await self.sessions.get(session_id, tenant)
+        if event.interaction_id is not None and event.interaction_id not in state.interactions:
+            raise ApiError(
+                404,
+                f"no completion {event.interaction_id!r} in this session",
+                param="interaction_id",
+                code="interaction_not_found",
+            )
+        async with state.lock:
+            (index,) = await self.sessions.append(
+                state, [event_record(event, session_id, self.model_id)]
+            )
+            if event.type in ("tool", "memory") and event.call_id:
+                state.reported.add(event.call_id)
+        if self.implicit is not None:
+            self.implicit.touch(session_id)
+        self.metrics.events.labels(f"reported_{event.type}").inc()
+        return {"trajectory_id": session_id, "event_index": index}
+
     async def end_session(
         self, session_id: str, tenant: str, *, success: bool | None, info: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -180,6 +241,8 @@ class DataProxy:
             except ValueError as error:
                 raise bad_request(f"invalid outcome: {error}") from None
             await self.sessions.close(state, outcome)
+        if self.implicit is not None:
+            self.implicit.forget(session_id)
         return {"trajectory_id": session_id, "ended": True, "cost_usd": state.cost_usd}
 
     async def session_cost(self, session_id: str, tenant: str) -> dict[str, Any]:
@@ -204,12 +267,52 @@ class DataProxy:
         return await self.sessions.withdraw_consent(tenant, requested_by=requested_by, **selector)
 
     def start(self) -> None:
-        """Starts the scheduled purge (its first pass runs now, on its own thread)."""
+        """Starts the scheduled purge (its first pass runs now, on its own thread) and, on the
+        running event loop, the closing of idle implicit sessions."""
         if self.purge_schedule is not None and not self._purging:
             self.purge_schedule.start()
             self._purging = True
+        if self.implicit is not None and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._close_idle())
+
+    async def _close_idle(self) -> None:
+        """Closes implicit sessions idle for `implicit_idle_s` (checked a few times per)."""
+        every = min(self.implicit.idle_s / 4, 30.0)
+        while True:
+            await asyncio.sleep(every)
+            for session_id in self.implicit.idle():
+                if session_id not in self.implicit.idle():  # a call came meanwhile
+                    continue
+                await self._close_implicit(session_id, "idle")
+
+    async def _close_implicit(self, session_id: str, why: str) -> None:
+        self.implicit.forget(session_id)
+        state = self.sessions.known(session_id)
+        if state is None:
+            return
+        async with state.lock:
+            if state.closed:
+                return
+            try:
+                await self.sessions.close(state, Outcome(info={"implicit_closed": why}))
+            except Exception:  # e.g. erased by retention meanwhile: nothing left to close
+                state.writer_session = None
+                logger.warning("closing implicit session %s failed", session_id, exc_info=True)
+
+    async def cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run CPU-bound work on the proxy's thread pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
 
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        if self._background:  # abandoned streams still being recorded
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self.implicit is not None:
+            for session_id in self.implicit.open_sessions():
+                await self._close_implicit(session_id, "shutdown")
+        self._cpu.shutdown(wait=False)
         if self._purging:
             self._purging = False
             await asyncio.to_thread(self.purge_schedule.stop)  # waits out a purge in progress
@@ -287,12 +390,90 @@ class DataProxy:
 
     # ------------------------------------------------------------------ chat
 
-    def _render_chat(self, request: ChatRequest) -> tuple[list[int], list[dict[str, Any]] | None]:
+    def _chat_keys(self, request: ChatRequest) -> tuple[list[dict[str, Any]] | None, list[str]]:
+        """(exposed tools, the conversation key of every message prefix); CPU work."""
         tools = request.tools if request.tool_choice != "none" else None
+        self._check_size(request.messages)
         try:
-            return self.tokenizer.encode_chat(request.messages, tools=tools), tools
+            return tools, conversation_keys(request.messages, tools)
         except (TypeError, ValueError) as error:
             raise bad_request(f"cannot render the messages: {error}", param="messages") from None
+
+    def _render_chat(
+        self, request: ChatRequest, tools, keys: list[str], turns: TurnIndex
+    ) -> tuple[list[int], dict[str, Any]]:
+        """(prompt ids, how the prompt was built); CPU work, off the loop.
+
+        A conversation that extends one of the session's sampled turns reuses its ids
+        (token-exact, `prefix.py`); anything else is rendered with the chat template."""
+        matched = turns.match(keys)
+        try:
+            input_ids = render_prompt(self.tokenizer, request.messages, tools, matched)
+        except (TypeError, ValueError) as error:
+            raise bad_request(f"cannot render the messages: {error}", param="messages") from None
+        if matched is None:
+            return input_ids, {"rendered": True}
+        turn, covered = matched
+        prompt = {
+            "extends": turn.interaction_id,
+            "reused_tokens": int(turn.context_ids.shape[0]),
+            "reused_messages": covered,
+        }
+        return input_ids, prompt
+
+    async def chat(
+        self, request: ChatRequest, call: CallContext
+    ) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A chat completion: the response body, or SSE bytes when `request.stream`.
+
+        A tenant-key call (no session) joins the implicit session it extends, or starts one
+        (`implicit.py`), and is then recorded like a session call; while it runs, the session
+        is never closed as idle. A new implicit trajectory is opened only once the generation
+        started, so a refused call leaves nothing behind."""
+        started = time.monotonic()
+        tools, keys = await self.cpu(self._chat_keys, request)
+        if not call.ephemeral or self.implicit is None:
+            return await self._chat(request, call, tools, keys, started, opening=False)
+        found = self.implicit.find(call.tenant, keys)
+        session_id = found or call.session_id
+        call = dataclasses.replace(call, session_id=session_id, ephemeral=False)
+        self.implicit.begin(call.tenant, session_id)
+        try:
+            result = await self._chat(request, call, tools, keys, started, opening=found is None)
+        except BaseException:
+            self.implicit.done(session_id)
+            raise
+        if isinstance(result, dict):
+            self.implicit.done(session_id)
+            return result
+        return self._implicit_stream(result, session_id)
+
+    async def _implicit_stream(self, stream: AsyncIterator[bytes], session_id: str):
+        try:
+            async with contextlib.aclosing(stream):
+                async for data in stream:
+                    yield data
+        finally:
+            self.implicit.done(session_id)
+
+    async def _open_implicit(self, call: CallContext) -> None:
+        """The trajectory of a new implicit session (its first call is under way)."""
+        await self.sessions.open(call.session_id, call.tenant, call.governance or {}, IMPLICIT_TASK)
+
+    def _check_size(self, messages: list[dict[str, Any]]) -> None:
+        """400 for messages whose text cannot fit the context whatever the tokenization (each
+        token covers at most `max_token_bytes` bytes), before spending seconds tokenizing it."""
+        if self.max_token_bytes is None:
+            return
+        size = sum(len(message_text(m).encode()) for m in messages)
+        if size > self.context_length * self.max_token_bytes:
+            raise bad_request(
+                f"this model's context is {self.context_length} tokens and the messages have "
+                f"{size} bytes of text (at least {size // self.max_token_bytes} tokens); "
+                "shorten the conversation",
+                param="messages",
+                code="context_length_exceeded",
+            )
 
     def _chat_logprobs(self, request: ChatRequest, ids, logprobs, top):
         if not request.decoding.logprobs:
@@ -307,15 +488,16 @@ class DataProxy:
             extra["think_budget"] = THINK_BUDGETS[request.reasoning_effort]
         return extra
 
-    async def chat(
-        self, request: ChatRequest, call: CallContext
-    ) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A chat completion: the response body, or SSE bytes when `request.stream`. With
-        `n` > 1 each choice is its own sample, recorded as its own llm_call event."""
-        started = time.monotonic()
-        input_ids, tools = self._render_chat(request)
+    async def _chat(self, request, call, tools, keys, started, *, opening: bool):
+        """`chat` once the call's session is known; `opening`: a new implicit trajectory to
+        open once the generation started. With `n` > 1 each choice is its own sample (one
+        prompt, its own seed), recorded as its own llm_call event."""
+        turns = TurnIndex()  # a first or one-call trajectory has no earlier turns
+        if not call.ephemeral and not opening:
+            turns = (await self.sessions.get(call.session_id, call.tenant)).turns
+        input_ids, prompt = await self.cpu(self._render_chat, request, tools, keys, turns)
         extra = self._chat_extra(request)
-        grammar = output_grammar(request, tools, self.tokenizer)
+        grammar = await self.cpu(output_grammar, request, tools, self.tokenizer)
         if grammar is not None:  # recorded: the mask is part of the sampling distribution
             extra.update(response_format=request.response_format, grammar=grammar)
         records, plans = [], []
@@ -334,31 +516,63 @@ class DataProxy:
                     request.messages,
                     tools,
                     sample_index=index,
+                    prompt=prompt,
                 )
             )
             plans.append(generation)
         samples = await self._start_samples(call, plans)
+        if opening:
+            await self._open_started(call, samples)
         if request.stream:
             return self._stream_chat(request, call, records, samples)
         choices, completion_tokens = [], 0
-        for record, (collected, chunks) in zip(records, samples, strict=True):
-            async for _ in chunks:
-                pass
-            finish = collected.finished.finish_reason
-            reply = responses.parse_reply(collected.text, finish, tools is not None)
-            await self._finish(call, record, collected, reply)
-            self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
-            logprobs = self._chat_logprobs(
-                request, collected.ids, collected.logprobs, collected.top
-            )
-            choices.append((reply, logprobs, record.interaction_id))
-            completion_tokens += len(collected.ids)
+        try:
+            for record, (collected, chunks) in zip(records, samples, strict=True):
+                async for _ in chunks:
+                    pass
+                finish = collected.finished.finish_reason
+                reply = responses.parse_reply(collected.text, finish, tools is not None)
+                await self._finish(call, record, collected, reply)
+                self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
+                logprobs = self._chat_logprobs(
+                    request, collected.ids, collected.logprobs, collected.top
+                )
+                choices.append((reply, logprobs, record.interaction_id))
+                completion_tokens += len(collected.ids)
+        finally:  # one sample failed (or the call was cancelled): the others stop too
+            for _, chunks in samples:
+                await chunks.aclose()
         return responses.chat_completion(
             **self._common(records[0].interaction_id),
             choices=choices,
             usage_counts=responses.usage(len(input_ids), completion_tokens),
             policy_version=samples[0][0].policy_version,
         )
+
+    async def _open_started(
+        self, call: CallContext, samples: list[tuple[Collected, AsyncIterator[TokenChunk]]]
+    ) -> None:
+        """Open a new implicit session's trajectory once its generations started; if that
+        fails, every sample is cancelled."""
+        try:
+            await self._open_implicit(call)
+        except BaseException:
+            for _, chunks in samples:
+                await chunks.aclose()  # cancels the generation
+            raise
+
+    def _abandoned(self, call, left: list[tuple[CallRecord, Collected, Any]]) -> None:
+        """Record the samples of a stream the client left, (record, collected, reply) each,
+        in order on their own task (the stream's generator is being closed and must not wait
+        on disk)."""
+
+        async def record_all() -> None:
+            for record, collected, reply in left:
+                await self.recorder.record_abandoned(call, record, collected, reply)
+
+        task = asyncio.get_running_loop().create_task(record_all())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _stream_chat(
         self,
@@ -368,27 +582,40 @@ class DataProxy:
         samples: list[tuple[Collected, AsyncIterator[TokenChunk]]],
     ) -> AsyncIterator[bytes]:
         """The choices one after the other (each chunk carries its choice's index; clients
-        assemble by index); each choice's finish chunk follows its durable record."""
+        assemble by index); each choice's finish chunk follows its durable record. A client
+        that leaves cancels every sample; the ones not recorded yet are recorded as
+        `cancelled` with what they generated."""
         common = self._common(records[0].interaction_id)
-        completion_tokens = 0
+        completion_tokens, recorded = 0, set()  # indices of the samples recorded so far
+        tools = records[0].tools is not None
         try:
             for index, (record, (collected, chunks)) in enumerate(
                 zip(records, samples, strict=True)
             ):
-                async for data in self._stream_choice(
-                    request, call, record, collected, chunks, common, index
-                ):
-                    yield data
+                choice = self._stream_choice(
+                    request, call, record, collected, chunks, common, index, recorded
+                )
+                async with contextlib.aclosing(choice):
+                    async for data in choice:
+                        yield data
                 completion_tokens += len(collected.ids)
             if request.include_usage:
                 counts = responses.usage(len(records[0].input_ids), completion_tokens)
                 yield _sse(responses.chat_chunk(**common, delta=None, usage_counts=counts))
             yield _sse("[DONE]")
         except ApiError as error:
+            recorded.update(range(len(samples)))  # a failed generation: _finish recorded it
             yield _sse(error.to_json())
         finally:
             for _, chunks in samples:  # a client gone mid-stream cancels every sample
                 await chunks.aclose()
+            left = [  # the client left (the generator was closed mid-stream)
+                (record, collected, responses.parse_reply(collected.text, "cancelled", tools))
+                for index, (record, (collected, _)) in enumerate(zip(records, samples, strict=True))
+                if index not in recorded
+            ]
+            if left:
+                self._abandoned(call, left)
 
     async def _stream_choice(
         self,
@@ -399,8 +626,12 @@ class DataProxy:
         chunks: AsyncIterator[TokenChunk],
         common: dict[str, Any],
         index: int,
+        recorded: set[int],
     ) -> AsyncIterator[bytes]:
+        """One choice's chunks: reasoning and content deltas apart, tool calls parsed at the
+        end; `index` joins `recorded` once the choice's record (or failure) is durable."""
         tools_enabled = record.tools is not None
+        thinking = responses.ReasoningStreamFilter()
         stream_filter = responses.ToolCallStreamFilter(tools_enabled)
 
         def chunk(delta, **fields) -> bytes:
@@ -408,22 +639,35 @@ class DataProxy:
 
         yield chunk({"role": "assistant", "content": ""})
         async for generated in chunks:
-            text = stream_filter.feed(generated.text)
+            reasoning, text = thinking.feed(generated.text)
+            text = stream_filter.feed(text)
             logprobs = self._chat_logprobs(
                 request, generated.token_ids, generated.logprobs, generated.top_logprobs
             )
-            if text or logprobs:
-                yield chunk({"content": text}, logprobs=logprobs)
+            delta = _text_delta(reasoning, text)
+            if delta or logprobs:
+                yield chunk(delta or {}, logprobs=logprobs)
         finish = collected.finished.finish_reason
+        reasoning, text = thinking.flush()
+        text = stream_filter.feed(text)
         # The text held back since a <tool_call> tag started: its calls, or plain content.
-        tail = responses.parse_reply(stream_filter.held, finish, tools_enabled)
-        if tail.content:
-            yield chunk({"content": tail.content})
-        content = stream_filter.streamed + (tail.content or "")
+        held = stream_filter.held if thinking.closed else None
+        tail = responses.parse_content(held, finish, tools_enabled)
+        text += tail.content or ""
+        if reasoning or text:
+            yield chunk(_text_delta(reasoning, text))
+        content = stream_filter.streamed + (tail.content or "") if thinking.closed else None
         reply = responses.Reply(
-            content or None, tail.tool_calls, tail.finish_reason, tail.tool_call_errors
+            (content or None) if tail.tool_calls else content,
+            tail.tool_calls,
+            tail.finish_reason,
+            tail.tool_call_errors,
+            thinking.reasoning,
         )
-        await self._finish(call, record, collected, reply)
+        try:
+            await self._finish(call, record, collected, reply)
+        finally:
+            recorded.add(index)
         self.metrics.completions.labels(request.endpoint, reply.finish_reason).inc()
         if reply.tool_calls:
             yield chunk({"tool_calls": responses.tool_call_deltas(reply.tool_calls)})
@@ -437,8 +681,10 @@ class DataProxy:
     # ------------------------------------------------------------------ completions
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
+        """The prompt's ids (CPU work, off the loop)."""
         if not isinstance(request.prompt, str):
             return list(request.prompt)
+        self._check_size([{"content": request.prompt}])
         ids = self.tokenizer.encode(request.prompt)
         return ids if self.tokenizer.bos_id is None else [self.tokenizer.bos_id, *ids]
 
@@ -454,7 +700,7 @@ class DataProxy:
         """A (legacy) text completion: the response body, or SSE bytes when streaming; `n`
         samples as in `chat`."""
         started = time.monotonic()
-        input_ids = self._prompt_ids(request)
+        input_ids = await self.cpu(self._prompt_ids, request)
         records, plans = [], []
         for index in range(request.n):
             generation, decoding = self._plan(input_ids, request, {}, index)
@@ -474,21 +720,27 @@ class DataProxy:
         if request.stream:
             return self._stream_completion(request, call, records, samples)
         choices, completion_tokens = [], 0
-        for index, (record, (collected, chunks)) in enumerate(zip(records, samples, strict=True)):
-            async for _ in chunks:
-                pass
-            await self._finish(call, record, collected, None)
-            finish = collected.finished.finish_reason
-            self.metrics.completions.labels("completions", finish).inc()
-            logprobs = self._completion_logprobs(
-                request, collected.ids, collected.logprobs, collected.top, 0
-            )
-            choices.append(
-                responses.text_choice(
-                    index, collected.text, finish, logprobs, record.interaction_id
+        try:
+            for index, (record, (collected, chunks)) in enumerate(
+                zip(records, samples, strict=True)
+            ):
+                async for _ in chunks:
+                    pass
+                await self._finish(call, record, collected, None)
+                finish = collected.finished.finish_reason
+                self.metrics.completions.labels("completions", finish).inc()
+                logprobs = self._completion_logprobs(
+                    request, collected.ids, collected.logprobs, collected.top, 0
                 )
-            )
-            completion_tokens += len(collected.ids)
+                choices.append(
+                    responses.text_choice(
+                        index, collected.text, finish, logprobs, record.interaction_id
+                    )
+                )
+                completion_tokens += len(collected.ids)
+        finally:  # one sample failed (or the call was cancelled): the others stop too
+            for _, chunks in samples:
+                await chunks.aclose()
         return responses.text_completion(
             **self._common(records[0].interaction_id),
             choices=choices,
@@ -504,7 +756,7 @@ class DataProxy:
         samples: list[tuple[Collected, AsyncIterator[TokenChunk]]],
     ) -> AsyncIterator[bytes]:
         common = self._common(records[0].interaction_id)
-        completion_tokens = 0
+        completion_tokens, recorded = 0, set()  # indices of the samples recorded so far
         try:
             for index, (record, (collected, chunks)) in enumerate(
                 zip(records, samples, strict=True)
@@ -517,7 +769,10 @@ class DataProxy:
                     offset += len(chunk.text)
                     choice = responses.text_choice(index, chunk.text, None, logprobs)
                     yield _sse(responses.text_completion(**common, choices=[choice]))
-                await self._finish(call, record, collected, None)
+                try:
+                    await self._finish(call, record, collected, None)
+                finally:
+                    recorded.add(index)
                 finish = collected.finished.finish_reason
                 self.metrics.completions.labels("completions", finish).inc()
                 choice = responses.text_choice(index, "", finish, None, record.interaction_id)
@@ -532,7 +787,15 @@ class DataProxy:
                 yield _sse(responses.text_completion(**common, choices=[], usage_counts=counts))
             yield _sse("[DONE]")
         except ApiError as error:
+            recorded.update(range(len(samples)))
             yield _sse(error.to_json())
         finally:
-            for _, chunks in samples:
+            for _, chunks in samples:  # a client gone mid-stream cancels every sample
                 await chunks.aclose()
+            left = [  # the client left mid-stream
+                (record, collected, None)
+                for index, (record, (collected, _)) in enumerate(zip(records, samples, strict=True))
+                if index not in recorded
+            ]
+            if left:
+                self._abandoned(call, left)

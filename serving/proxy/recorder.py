@@ -3,8 +3,10 @@
 Under the session's lock: the messages new since the session's last call become message /
 tool_call events, the completion becomes the llm_call event, and all of them go to disk in one
 commit. Then the session's state moves on (the conversation as the agent will echo it, the
-interaction id -> event index). A tenant-key call without a session opens and closes its
-one-call trajectory around the commit.
+interaction id -> event index, the sampled turn later calls extend token-exactly, see
+`prefix.py`). A tenant-key call without a session opens and closes its one-call trajectory
+around the commit. A stream the client abandoned is recorded with what was generated, finish
+reason `cancelled` (`record_abandoned`); it never becomes part of the conversation.
 
 Each llm_call's `metadata.cost_usd` comes from the price table; once the call is durable its
 cost is added to the session's total and to the per-tenant cost counter.
@@ -16,10 +18,13 @@ import dataclasses
 import time
 from typing import Any
 
+import numpy as np
 from prometheus_client import Counter, Histogram
 
-from atdp_io import DecodingParams, EventMetadata, Outcome
+from atdp_io import DecodingParams, EventKind, EventMetadata, Outcome
 from serving.proxy.conversation import canonical, new_messages
+from serving.proxy.implicit import ImplicitSessions
+from serving.proxy.prefix import SampledTurn, conversation_keys, echoed_reply
 from serving.proxy.pricing import PriceTable
 from serving.proxy.recording import llm_event, message_events, reply_action, system_prompt_version
 from serving.proxy.responses import Reply
@@ -34,6 +39,8 @@ class CallRecord:
     messages / tools: the chat conversation and exposed tools (None for /v1/completions).
     sample_index: which of a request's `n` samples this is; the messages are recorded, and the
     conversation and the session's last completion move on, with sample 0 only.
+    prompt: how the prompt ids were built ({"extends": interaction id, "reused_tokens": n}
+    when an earlier sampled turn was reused, else {"rendered": True}); None for completions.
     """
 
     endpoint: str
@@ -44,6 +51,24 @@ class CallRecord:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     sample_index: int = 0
+    prompt: dict[str, Any] | None = None
+
+
+def _top_logprobs(collected: Collected) -> dict[str, list] | None:
+    """Top log-probs as recorded: ids [N][k], log-probs [N][k] (None when not asked for)."""
+    if not collected.top:
+        return None
+    return {
+        "ids": [[int(i) for i, _ in row] for row in collected.top],
+        "logprobs": [[min(float(v), 0.0) for _, v in row] for row in collected.top],
+    }
+
+
+def _already_reported(event, reported: set[str]) -> bool:
+    """A tool result the agent reported on /rl/event before sending it back as a message."""
+    if event.kind != EventKind.TOOL_CALL or not reported:
+        return False
+    return event.action.tool_calls[0].call_id in reported
 
 
 class CallRecorder:
@@ -57,6 +82,7 @@ class CallRecorder:
         append_seconds: Histogram,
         prices: PriceTable | None = None,
         cost_counter: Counter | None = None,
+        implicit: ImplicitSessions | None = None,
     ):
         self.sessions = sessions
         self.model_id = model_id
@@ -65,6 +91,7 @@ class CallRecorder:
         self.append_seconds = append_seconds
         self.prices = prices or PriceTable()
         self.cost_counter = cost_counter
+        self.implicit = implicit
 
     async def _state_for(self, call: CallContext) -> SessionState:
         if call.ephemeral:
@@ -87,10 +114,17 @@ class CallRecorder:
         )
 
     async def record(
-        self, call: CallContext, record: CallRecord, collected: Collected, reply: Reply | None
+        self,
+        call: CallContext,
+        record: CallRecord,
+        collected: Collected,
+        reply: Reply | None,
+        *,
+        abandoned: bool = False,
     ) -> int:
-        """Append the call's events durably; returns the llm_call event's index."""
-        generated = collected.generated()
+        """Append the call's events durably; returns the llm_call event's index. `abandoned`:
+        the client left before the end (recorded as finish reason `cancelled`)."""
+        generated = collected.generated(cancelled=abandoned)
         route = collected.route or call.route
         state = await self._state_for(call)
         async with state.lock:
@@ -102,6 +136,19 @@ class CallRecorder:
             }
             if route.moves:
                 extra.update(moves=route.moves, repinned_from=route.previous_worker)
+            if abandoned and collected.finished is not None:
+                extra["worker_finish_reason"] = collected.finished.finish_reason
+            if record.prompt is not None:
+                extra["prompt"] = record.prompt
+            top = _top_logprobs(collected)
+            if top is not None:
+                extra["top_logprobs"] = top
+            complete = generated.finish_reason in ("stop", "length")
+            key = None
+            if complete and record.messages is not None and reply is not None:
+                echo = echoed_reply(reply.content, reply.tool_calls)
+                key = conversation_keys([*record.messages, echo], record.tools)[-1]
+                extra["conversation_key"] = key
             events, start = [], 0
             first_sample = record.sample_index == 0
             if record.messages is not None and first_sample:
@@ -116,8 +163,13 @@ class CallRecorder:
                     harness_fingerprint=self.template_fingerprint,
                     model_id=self.model_id,
                 )
-                events += message_events(record.messages, start, record.tools, plain)
+                events += [
+                    e
+                    for e in message_events(record.messages, start, record.tools, plain)
+                    if not _already_reported(e, state.reported)
+                ]
             content = generated.text if reply is None else (reply.content or "")
+            reasoning = reply.reasoning if reply is not None else None
             calls = reply.tool_calls if reply is not None else []
             action, error_class = reply_action(content, calls, record.tools)
             if reply is not None and reply.tool_call_errors:
@@ -139,6 +191,7 @@ class CallRecorder:
                     current_version=collected.policy_version,
                     moved=route.moves > 0,
                     error_class=error_class,
+                    reasoning=reasoning,
                 )
             )
             begin = time.monotonic()
@@ -151,17 +204,26 @@ class CallRecorder:
                 if self.cost_counter is not None:
                     self.cost_counter.labels(call.tenant, self.model_id).inc(metadata.cost_usd)
             llm_index = indices[-1]
-            if generated.finish_reason in ("stop", "length"):
+            if complete:
                 state.interactions[record.interaction_id] = llm_index
                 if first_sample:
                     state.last_llm = llm_index
-                if record.messages is not None and reply is not None and first_sample:
-                    echoed = {
-                        "role": "assistant",
-                        "content": reply.content,
-                        "tool_calls": reply.tool_calls,
-                    }
-                    state.known = [canonical(m) for m in record.messages] + [canonical(echoed)]
+                if key is not None:
+                    # Every sample's turn is kept: the agent may continue any choice, and
+                    # its next call then reuses that sample's ids. Only sample 0 moves the
+                    # conversation the session expects next.
+                    if first_sample:
+                        echo = echoed_reply(reply.content, reply.tool_calls)
+                        state.known = [canonical(m) for m in record.messages] + [canonical(echo)]
+                    context = np.concatenate(
+                        [
+                            np.asarray(record.input_ids, np.int32),
+                            np.asarray(generated.output_ids, np.int32),
+                        ]
+                    )
+                    state.turns.add(SampledTurn(key, context, record.interaction_id))
+                    if self.implicit is not None:
+                        self.implicit.note_turn(call.tenant, key, state.session_id)
             if call.ephemeral:
                 await self.sessions.close(state, Outcome())
         return llm_index
@@ -174,3 +236,12 @@ class CallRecorder:
         if collected.finished is None or not collected.ids or call.ephemeral:
             return
         await self.record(call, record, collected, None)
+
+    async def record_abandoned(
+        self, call: CallContext, record: CallRecord, collected: Collected, reply: Reply | None
+    ) -> None:
+        """A stream the client left: what was generated, finish reason `cancelled` (also when
+        the worker had finished). Nothing is recorded when no token was generated."""
+        if not collected.ids:
+            return
+        await self.record(call, record, collected, reply, abandoned=True)

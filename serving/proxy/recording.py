@@ -7,7 +7,8 @@
   replay (a live tool may answer differently).
 - A completion is an `llm_call` event: every input and output token id, per-token log-probs and
   policy versions, decoding parameters, template fingerprint, system-prompt version, exposed
-  tools; the reply (text or typed tool calls) as action and `<think>` text as hidden state.
+  tools; the reply (text or typed tool calls) as action and its reasoning (the `<think>`
+  block the client got as `reasoning_content`) as hidden state.
   Deterministic replay (seeded, dropless sampler), unless the session moved to another worker
   or a weight swap interrupted the reply: then approximate.
 """
@@ -162,13 +163,18 @@ def llm_event(
     current_version: int,
     moved: bool,
     error_class: str = "",
+    reasoning: str | None = None,
 ) -> Event:
-    """The lossless record of one completion."""
+    """The lossless record of one completion. `reasoning`: the reply's thinking as returned
+    (None: taken from `<think>` blocks of the raw text, for /v1/completions)."""
     versions = np.asarray(generated.versions, np.int32)
     # float32 log-softmax can round a near-certain token's log-prob a hair above 0
     logprobs = np.minimum(np.asarray(generated.logprobs, np.float32), 0.0)
     mixed = versions.size > 0 and versions.min() != versions.max()
-    thoughts = [m.strip() for m in _THINK.findall(generated.text) if m.strip()]
+    if reasoning is None:
+        thoughts = [m.strip() for m in _THINK.findall(generated.text) if m.strip()]
+    else:
+        thoughts = [reasoning] if reasoning else []
     call = LLMCall(
         model_id=model_id,
         policy_version=int(versions[0]) if versions.size else current_version,
@@ -194,11 +200,23 @@ def llm_event(
     )
 
 
+CHAT_ENDPOINTS = ("chat", "responses")  # llm_calls whose reply continues the conversation
+
+
+def is_first_sample(event: Event) -> bool:
+    """Sample 0 of its request (a request with `n` > 1 records `decoding.extra.sample_index`):
+    the one the conversation continues from."""
+    return event.llm is None or not event.llm.decoding.extra.get("sample_index")
+
+
 def conversation_from_events(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The chat messages a recorded trajectory implies (to resume a session after a restart):
-    messages and tool results as sent, completions as the assistant replies returned."""
+    messages and tool results as sent, completions (sample 0 of each) as the assistant
+    replies returned."""
     messages: list[dict[str, Any]] = []
     for event in events:
+        if event.metadata.extra.get("reported"):
+            continue  # reported on /rl/event, not part of the conversation the agent resends
         if event.kind == EventKind.MESSAGE and isinstance(event.observation, Mapping):
             message = {
                 "role": event.observation.get("role"),
@@ -215,7 +233,11 @@ def conversation_from_events(events: Sequence[Event]) -> list[dict[str, Any]]:
             messages.append(
                 {"role": "tool", "content": event.result or "", "tool_call_id": call_id}
             )
-        elif event.kind == EventKind.LLM_CALL and event.metadata.extra.get("endpoint") == "chat":
+        elif (
+            event.kind == EventKind.LLM_CALL
+            and event.metadata.extra.get("endpoint") in CHAT_ENDPOINTS
+            and is_first_sample(event)
+        ):
             action = event.action
             message = {"role": "assistant", "content": action.text if action else ""}
             if action is not None and action.tool_calls:

@@ -5,6 +5,11 @@ Tool calls: when the request exposes tools, the reply text is parsed with
 that parse become `tool_calls` (finish_reason "tool_calls"); if none parses, the raw text is
 returned as content, so a malformed call is visible to the agent rather than dropped. While
 streaming, text is forwarded until a `<tool_call>` tag starts; the rest is parsed at the end.
+
+Reasoning: a reply that starts with `<think>` has its thinking returned in `reasoning_content`
+(the text up to `</think>`) and the rest in `content`; a reply that never closes `</think>` is
+all reasoning (`content` None). So the client can always rebuild the exact reply text:
+`"<think>" + reasoning_content + ("</think>" + content if content is not None else "")`.
 """
 
 from __future__ import annotations
@@ -17,27 +22,106 @@ from sao_jax.tokenizers import Tokenizer, parse_tool_calls
 from sao_jax.tokenizers.tool_calls import TOOL_CALL_OPEN
 from serving.common.ids import opaque_id
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
-    """The assistant reply: content (None when only tool calls), OpenAI tool_calls entries."""
+    """The assistant reply: content (None when only tool calls, or when reasoning never
+    closed), OpenAI tool_calls entries, the reasoning text (None without a `<think>` block)."""
 
     content: str | None
     tool_calls: list[dict[str, Any]]
     finish_reason: str
     tool_call_errors: list[str]
+    reasoning: str | None = None
+
+
+def split_reasoning(text: str) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a reply text (see the module docstring)."""
+    if not text.startswith(THINK_OPEN):
+        return None, text
+    end = text.find(THINK_CLOSE, len(THINK_OPEN))
+    if end < 0:
+        return text[len(THINK_OPEN) :], None
+    return text[len(THINK_OPEN) : end], text[end + len(THINK_CLOSE) :]
 
 
 def parse_reply(text: str, finish_reason: str, tools_enabled: bool) -> Reply:
-    """Split the generated text into content and tool calls (see the module docstring)."""
-    if not tools_enabled or TOOL_CALL_OPEN not in text:
-        return Reply(text, [], finish_reason, [])
-    parsed = parse_tool_calls(text)
+    """Split the generated text into reasoning, content and tool calls (module docstring)."""
+    reasoning, content = split_reasoning(text)
+    return parse_content(content, finish_reason, tools_enabled, reasoning)
+
+
+def parse_content(
+    content: str | None, finish_reason: str, tools_enabled: bool, reasoning: str | None = None
+) -> Reply:
+    """The reply from its content part (after any reasoning): content and tool calls."""
+    if content is None or not tools_enabled or TOOL_CALL_OPEN not in content:
+        return Reply(content, [], finish_reason, [], reasoning)
+    parsed = parse_tool_calls(content)
     if not parsed.tool_calls:
-        return Reply(text, [], finish_reason, parsed.errors)
+        return Reply(content, [], finish_reason, parsed.errors, reasoning)
     calls = [c.to_openai(opaque_id("call_", 24)) for c in parsed.tool_calls]
     reason = "tool_calls" if finish_reason == "stop" else finish_reason
-    return Reply(parsed.content or None, calls, reason, parsed.errors)
+    return Reply(parsed.content or None, calls, reason, parsed.errors, reasoning)
+
+
+def _tag_prefix(text: str, tag: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ReasoningStreamFilter:
+    """Splits streamed reply text into reasoning and content deltas, as `split_reasoning`
+    splits the whole text: undecided while the text could still become `<think>`, then
+    reasoning (holding back a tail that could start `</think>`), then content."""
+
+    def __init__(self):
+        self.state = "start"  # start | reasoning | content
+        self.held = ""
+        self.reasoning: str | None = None
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        """(reasoning, content) that may be sent now."""
+        text = self.held + delta
+        self.held = ""
+        if self.state == "start":
+            if text.startswith(THINK_OPEN):
+                self.state, self.reasoning, text = "reasoning", "", text[len(THINK_OPEN) :]
+            elif THINK_OPEN.startswith(text):
+                self.held = text
+                return "", ""
+            else:
+                self.state = "content"
+        if self.state == "content":
+            return "", text
+        end = text.find(THINK_CLOSE)
+        if end >= 0:
+            self.state = "content"
+            self.reasoning += text[:end]
+            return text[:end], text[end + len(THINK_CLOSE) :]
+        keep = _tag_prefix(text, THINK_CLOSE)
+        out, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        self.reasoning += out
+        return out, ""
+
+    def flush(self) -> tuple[str, str]:
+        """The held tail at the end of the reply: (reasoning, content)."""
+        text, self.held = self.held, ""
+        if self.state == "reasoning":
+            self.reasoning += text
+            return text, ""
+        self.state = "content"
+        return "", text
+
+    @property
+    def closed(self) -> bool:
+        """Whether the reply has content (no reasoning, or reasoning that ended)."""
+        return self.state != "reasoning"
 
 
 class ToolCallStreamFilter:
@@ -63,11 +147,7 @@ class ToolCallStreamFilter:
             self.in_tool_call, self.held = True, text[cut:]
             out = text[:cut]
         else:
-            keep = 0  # a tail that could be the start of "<tool_call>"
-            for n in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
-                if text.endswith(TOOL_CALL_OPEN[:n]):
-                    keep = n
-                    break
+            keep = _tag_prefix(text, TOOL_CALL_OPEN)  # could still become "<tool_call>"
             out, self.held = text[: len(text) - keep], text[len(text) - keep :]
         self.streamed += out
         return out
@@ -148,6 +228,8 @@ def chat_completion(
     body_choices = []
     for index, (reply, logprobs, interaction) in enumerate(choices):
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.reasoning is not None:
+            message["reasoning_content"] = reply.reasoning
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         body_choices.append(

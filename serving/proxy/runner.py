@@ -10,6 +10,7 @@ generated (the prefix becomes part of the prompt), as AReaL resubmits interrupte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -80,8 +81,19 @@ class Collected:
     def policy_version(self) -> int:
         return self.versions[0] if self.versions else 0
 
-    def generated(self) -> Generated:
+    def generated(self, cancelled: bool = False) -> Generated:
+        """What was generated; `cancelled`: the client left (finish reason `cancelled`,
+        whether or not the worker had finished)."""
         f = self.finished
+        if cancelled or f is None:
+            return Generated(
+                self.ids,
+                self.logprobs,
+                self.versions,
+                self.text,
+                "cancelled",
+                queue_s=f.queue_s if f else 0.0,
+            )
         return Generated(
             self.ids,
             self.logprobs,
@@ -191,16 +203,22 @@ class GenerationRunner:
                     seed=(request.seed * 1_000_003 + produced) % 2**32,
                 )
             try:
-                async for event in self.worker_client(route.worker).generate(attempt):
-                    if isinstance(event, Finished):
-                        if event.finish_reason == "cancelled":
-                            # Only the worker itself cancels a request the proxy still reads:
-                            # it is shutting down, so the reply moves like after a crash.
-                            break
-                        collected.finished = event
-                        return
-                    collected.add(event)
-                    yield event
+                # aclosing: when the caller stops reading (the client left), the worker's
+                # generation is cancelled now, not when the generator is garbage collected
+                async with contextlib.aclosing(
+                    self.worker_client(route.worker).generate(attempt)
+                ) as events:
+                    async for event in events:
+                        if isinstance(event, Finished):
+                            if event.finish_reason == "cancelled":
+                                # Only the worker itself cancels a request the proxy still
+                                # reads: it is shutting down, so the reply moves like after a
+                                # crash.
+                                break
+                            collected.finished = event
+                            return
+                        collected.add(event)
+                        yield event
                 raise WorkerUnavailable(f"worker {route.worker} stopped before finishing")
             except ApiError as error:
                 if error.code != "shutting_down":

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import numpy as np
+
 from atdp_io import (
     AtdpStore,
     Envelope,
@@ -40,7 +42,8 @@ from atdp_io.governance import EligibilityPolicy, ineligibility_reason
 from serving.common.errors import ApiError
 from serving.common.governance import governance_from_json
 from serving.proxy.conversation import Canonical, canonical
-from serving.proxy.recording import conversation_from_events
+from serving.proxy.prefix import SampledTurn, TurnIndex
+from serving.proxy.recording import conversation_from_events, is_first_sample
 
 T = TypeVar("T")
 
@@ -58,6 +61,8 @@ class SessionState:
     writer_session: TrajectorySession | None  # None once closed
     known: list[Canonical] = dataclasses.field(default_factory=list)
     interactions: dict[str, int] = dataclasses.field(default_factory=dict)
+    turns: TurnIndex = dataclasses.field(default_factory=TurnIndex)  # sampled turns, prefix.py
+    reported: set[str] = dataclasses.field(default_factory=set)  # tool call ids on /rl/event
     last_llm: int | None = None
     cost_usd: float = 0.0  # sum of the recorded llm_calls' metadata.cost_usd
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -135,6 +140,10 @@ class SessionBook:
         self._sessions[session_id] = state
         return state
 
+    def known(self, session_id: str) -> SessionState | None:
+        """The session's state if this process holds it."""
+        return self._sessions.get(session_id)
+
     async def get(self, session_id: str, tenant: str) -> SessionState:
         """The session's state, rebuilt from its trajectory if this process has not seen it."""
         state = self._sessions.get(session_id)
@@ -170,9 +179,17 @@ class SessionBook:
         for index, event in enumerate(trajectory.events):
             if event.kind == EventKind.LLM_CALL:
                 state.cost_usd += event.metadata.cost_usd or 0.0
-                state.last_llm = index
+                if is_first_sample(event):  # as recorder.py moves it
+                    state.last_llm = index
                 if event.metadata.interaction_id:
                     state.interactions[event.metadata.interaction_id] = index
+            if event.metadata.extra.get("reported") and event.action is not None:
+                state.reported.update(c.call_id for c in event.action.tool_calls if c.call_id)
+            if event.kind == EventKind.LLM_CALL:
+                key = event.metadata.extra.get("conversation_key")
+                if key:
+                    context = np.concatenate([event.llm.input_ids, event.llm.output_ids])
+                    state.turns.add(SampledTurn(key, context, event.metadata.interaction_id))
         return state
 
     async def append(self, state: SessionState, events: Sequence[Event]) -> list[int]:

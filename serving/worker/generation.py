@@ -1,9 +1,10 @@
 """One generation request as the worker sees it: token ids in, a stream of token chunks out.
 
 `GenerationRequest` / `TokenChunk` / `Finished` are the worker's wire format too (JSON lines
-over HTTP). `TextTracker` turns a growing list of output ids into text deltas: it holds back an
-incomplete UTF-8 character and any tail that could start a stop string, and finds where a stop
-string ends in token terms, so the stop sequence itself never reaches the client.
+over HTTP). `TextTracker` turns a growing list of output ids into text deltas, always at token
+boundaries: it holds back an incomplete UTF-8 character and any tail that could start a stop
+string, and cuts a stop-string hit at the last token before it, so the stop sequence never
+reaches the client and the reply text is exactly the decode of the kept ids.
 """
 
 from __future__ import annotations
@@ -134,7 +135,14 @@ class GenerationHandle:
 
 
 class TextTracker:
-    """Output ids -> emitted text, with stop strings and incomplete characters held back."""
+    """Output ids -> emitted text, with stop strings and incomplete characters held back.
+
+    Token-exact: the text emitted is always the decode of a whole-token prefix of the output
+    (special tokens included, only a final stop token left out), so what the client receives is
+    exactly `decode(kept ids)`. A stop string cuts the reply at the last token boundary before
+    it (a token that straddles the stop string's start is dropped with it); text that could
+    still start a stop string, or an unfinished UTF-8 character, is held back in whole tokens.
+    """
 
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], stop_ids: frozenset[int]):
         self.tokenizer = tokenizer
@@ -143,11 +151,22 @@ class TextTracker:
         self.sent = 0  # characters already emitted
         self.stopped_text: str | None = None  # the reply when a stop string ended it
         self._searched = 0  # stop strings cannot start before this character
+        # A prefix of the output that ends on a whole character, and its text: every later
+        # text is `_base_text + decode(ids[_base:])`, so an update decodes only the new tail
+        # (byte-level decoding of a split after a complete character is the concatenation).
+        self._base = 0
+        self._base_text = ""
 
-    def _text(self, ids: Sequence[int]) -> str:
-        if ids and ids[-1] in self.stop_ids:
-            ids = ids[:-1]  # a stop token's own text is never part of the reply
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _text(self, ids: Sequence[int], count: int) -> str:
+        """decode(ids[:count]) for count >= the base."""
+        return self._base_text + self._decode(ids[self._base : count])
+
+    def _content_ids(self, ids: Sequence[int]) -> Sequence[int]:
+        # a final stop token ends the turn; its own text is never part of the reply
+        return ids[:-1] if ids and ids[-1] in self.stop_ids else ids
 
     def _find_stop(self, text: str) -> tuple[int, str] | None:
         hits = [(text.find(s, self._searched), s) for s in self.stop]
@@ -155,45 +174,72 @@ class TextTracker:
         return min(hits) if hits else None
 
     def _holdback(self, text: str) -> int:
-        held = len(text) - len(text.rstrip(REPLACEMENT_CHAR))
+        """Characters at the end of `text` that may not be sent yet: an unfinished UTF-8
+        character, and before it any tail that could start a stop string."""
+        whole = text.rstrip(REPLACEMENT_CHAR)
+        prefix = 0
         for stop in self.stop:
-            for n in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:n]):
-                    held = max(held, n)
+            for n in range(min(len(stop) - 1, len(whole)), prefix, -1):
+                if whole.endswith(stop[:n]):
+                    prefix = n
                     break
-        return held
+        return len(text) - len(whole) + prefix
+
+    def _boundary(self, ids: Sequence[int], text: str, chars: int) -> tuple[int, str]:
+        """(k, decode(ids[:k])) for the most leading tokens whose text is a prefix of
+        `text[:chars]` (binary search on length from the base, then back off past a split
+        character). The base itself always qualifies: it was sent, or it is empty."""
+        low, high = self._base, len(ids)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if len(self._text(ids, mid)) <= chars:
+                low = mid
+            else:
+                high = mid - 1
+        while low > self._base:
+            prefix = self._text(ids, low)
+            if len(prefix) <= chars and text.startswith(prefix):
+                return low, prefix
+            low -= 1
+        return self._base, self._base_text
+
+    def _advance(self, count: int, prefix: str) -> None:
+        """Move the base to `count` tokens (text `prefix`) if they end on a whole character."""
+        if count > self._base and not prefix.endswith(REPLACEMENT_CHAR):
+            self._base, self._base_text = count, prefix
 
     def update(self, ids: list[int], finished: bool) -> tuple[str, int | None, str | None]:
         """Returns (new text to emit, token count to keep if a stop string ended the reply,
-        the stop string). With a stop hit, `ids[:keep]` is the reply up to the token that
-        completed the stop string; text after it is dropped."""
-        text = self._text(ids)
+        the stop string). With a stop hit, `ids[:keep]` is the reply up to the last token
+        boundary before the stop string and the reply text is exactly their decode."""
+        content = self._content_ids(ids)
+        text = self._text(content, len(content))
         hit = self._find_stop(text) if self.stop else None
         keep = None
         if hit is not None:
-            start, stop = hit
-            keep = self._tokens_covering(ids, start + len(stop))
-            text, finished = text[:start], True
+            keep, text = self._boundary(ids, text, hit[0])
             self.stopped_text = text
-        elif self.stop:
-            longest = max(len(s) for s in self.stop)
-            self._searched = max(0, len(text.rstrip(REPLACEMENT_CHAR)) - longest + 1)
-        emit_to = len(text) if finished else len(text) - self._holdback(text)
+            emit_to = len(text)
+        elif finished:
+            emit_to = len(text)
+        else:
+            if self.stop:
+                longest = max(len(s) for s in self.stop)
+                self._searched = max(0, len(text.rstrip(REPLACEMENT_CHAR)) - longest + 1)
+            held = self._holdback(text)
+            if held:
+                count, prefix = self._boundary(content, text, len(text) - held)
+            else:
+                count, prefix = len(content), text
+            emit_to = len(prefix)
+            self._advance(count, prefix)
         delta = text[self.sent : max(emit_to, self.sent)]
         self.sent = max(self.sent, emit_to)
         return delta, keep, hit[1] if hit else None
 
-    def _tokens_covering(self, ids: list[int], chars: int) -> int:
-        """Fewest leading tokens whose text reaches `chars` characters (binary search)."""
-        low, high = 1, len(ids)
-        while low < high:
-            mid = (low + high) // 2
-            if len(self.tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= chars:
-                high = mid
-            else:
-                low = mid + 1
-        return high
-
     def final_text(self, ids: list[int]) -> str:
-        """The whole reply (stop string and stop token excluded)."""
-        return self.stopped_text if self.stopped_text is not None else self._text(ids)
+        """The whole reply (stop string and stop token excluded): `decode` of the kept ids."""
+        if self.stopped_text is not None:
+            return self.stopped_text
+        content = self._content_ids(ids)
+        return self._text(content, len(content))

@@ -247,6 +247,39 @@ def test_stream_delivers_new_commits_once_and_resumes_from_its_cursor(tmp_path):
     assert again == ["t02", "t03", "t04", "t05", "t06", "t07"]
 
 
+def test_stream_waits_for_a_late_reward_within_the_grace(tmp_path):
+    store = AtdpStore.open(tmp_path)
+    trajectories = [_make(i, turns=1, final_reward=0.0) for i in range(2)]
+    owner = _row_owner(trajectories)
+    writer = store.writer("acme")
+    writer.append(trajectories)  # both closed, no late reward yet
+    loader = _loader(store, rows=1, reward_grace_s=60.0)
+    iterator = iter(loader.stream(poll_interval_s=0.01, shard=ONE_SHARD))
+    got = []
+
+    def read_one():
+        got.append(next(iterator))
+
+    reader = threading.Thread(target=read_one)
+    reader.start()
+    time.sleep(0.3)
+    assert not got  # held back: t00 has no reward yet, and t01 waits behind it
+    writer.add_reward("t00", 7.0, source="user")  # posted after the episode closed
+    reader.join(timeout=30)
+    assert [tid for (tid, _), _ in _rows_of(got[0], owner)] == ["t00"]
+    assert got[0]["rewards"].sum() == pytest.approx(7.0)
+    writer.close()
+    # without a reward, a trajectory goes once the grace has passed
+    quick = iter(
+        _loader(store, rows=1, reward_grace_s=0.2).stream(
+            poll_interval_s=0.01, idle_timeout_s=5.0, shard=ONE_SHARD
+        )
+    )
+    start = time.monotonic()
+    order = [tid for batch in quick for (tid, _), _ in _rows_of(batch, owner)]
+    assert order == ["t00", "t01"] and time.monotonic() - start >= 0.2
+
+
 def test_max_trajectories_closes_a_batch_that_still_has_free_rows(tmp_path):
     store = AtdpStore.open(tmp_path)
     trajectories = [_make(i, turns=1 + i % 2) for i in range(8)]  # 1 or 2 rows each
@@ -338,6 +371,7 @@ def test_a_purge_after_reading_keeps_the_trajectory_out_of_the_batch(tmp_path):
         ({"rows": 1, "seq_len": 8, "staleness_unit": "token"}, "staleness_unit"),
         ({"rows": 1, "seq_len": 8, "max_trajectories": 0}, "max_trajectories"),
         ({"rows": 1, "seq_len": 8, "max_trajectories": 2.5}, "max_trajectories"),
+        ({"rows": 1, "seq_len": 8, "reward_grace_s": -1.0}, "reward_grace_s"),
     ],
 )
 def test_bad_loader_configs_are_refused(fields, problem):

@@ -4,11 +4,14 @@ on loopback: the developer role and several system messages, `n` > 1 (n recorded
 as ignored), reasoning_effort, and strict tool validation answered with a 400 naming the
 limit."""
 
+import numpy as np
 import openai
 import pytest
 from serving_harness import WEATHER_TOOL, api, local_server, read_trajectories
 
 from atdp_io import EventKind
+from serving.proxy.conversation import canonical
+from serving.proxy.recording import conversation_from_events
 
 MODEL = "sao-test"
 TENANT = "acme"
@@ -174,3 +177,35 @@ def test_invalid_tools_are_a_400_naming_the_limit(server, change, fragment):
     assert info.value.body["type"] == "invalid_request_error"
     _, events = llm_events(buffer, session_id)
     assert events == []  # nothing recorded
+
+
+def test_an_agent_may_continue_any_sample_token_exactly(server):
+    """Every sample's sampled ids are kept: continuing choice 1 reuses choice 1's ids (the
+    conversation the session expects stays sample 0's), and a session rebuilt from its
+    trajectory continues from sample 0, as the live one does."""
+    thread, _, buffer = server
+    session_id, client = session_client(thread.url)
+    messages = [{"role": "user", "content": "open the drawer"}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, n=2, max_tokens=6, seed=11, temperature=1.0
+    )
+    ids = [choice.model_extra["interaction_id"] for choice in reply.choices]
+    trajectory, _ = llm_events(buffer, session_id)
+    expected = [*messages, {"role": "assistant", "content": reply.choices[0].message.content}]
+    assert [canonical(m) for m in conversation_from_events(trajectory.events)] == [
+        canonical(m) for m in expected
+    ]
+    for index in (1, 0):
+        follow = [
+            *messages,
+            {"role": "assistant", "content": reply.choices[index].message.content or ""},
+            {"role": "user", "content": f"and now {index}?"},
+        ]
+        client.chat.completions.create(model=MODEL, messages=follow, max_tokens=2, seed=1)
+    _, events = llm_events(buffer, session_id)
+    continued_1, continued_0 = events[2:]
+    for event, sample in ((continued_1, events[1]), (continued_0, events[0])):
+        reused = np.concatenate([sample.llm.input_ids, sample.llm.output_ids])
+        assert event.metadata.extra["prompt"]["extends"] == sample.metadata.interaction_id
+        assert event.llm.input_ids[: reused.shape[0]].tolist() == reused.tolist()
+    assert continued_1.metadata.extra["prompt"]["extends"] == ids[1]

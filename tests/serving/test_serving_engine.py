@@ -222,8 +222,10 @@ def test_stop_string_ends_reply_and_deactivates_slot(make_worker):
     )
     ids, _, _, text, finished, _ = asyncio.run(collect(worker, request))
     assert finished.finish_reason == "stop" and finished.stop_reason == '"arguments"'
-    assert text == TOOL_REPLY[: TOOL_REPLY.index('"arguments"')]
-    assert '"arguments"' in tok.decode(ids) and len(ids) < len(tok.encode(TOOL_REPLY))
+    # cut at the last token boundary before the stop string (the ' "' token straddles its
+    # start), so the reply text is exactly the decode of the kept ids
+    assert text == tok.decode(ids) == TOOL_REPLY[: TOOL_REPLY.index(' "arguments"')]
+    assert '"arguments"' not in tok.decode(ids) and len(ids) < len(tok.encode(TOOL_REPLY))
     assert worker.engine.status()["running"] == 0
 
 

@@ -74,16 +74,16 @@ def test_tenant_governance_reaches_the_buffer(server):
     assert session["tenant"] == "acme"
     before = time.time()
     chat(thread.url, session["api_key"])
-    sessionless = chat(
-        thread.url, GLOBEX_KEY
-    )  # a tenant key without a session: one-call trajectory
+    # a tenant key without a session: an implicit trajectory (grouped by conversation prefix)
+    sessionless = chat(thread.url, GLOBEX_KEY)
     header = read_trajectories(buffer, "acme")[session["session_id"]].header
     governance = header.governance
     assert governance.classification == Classification.CONFIDENTIAL
     assert governance.legal_basis == LegalBasis.CONTRACT
     assert 29.9 * 86400 < governance.expires_at - before < 30.1 * 86400
     (globex,) = read_trajectories(buffer, "globex").values()
-    assert globex.closed and globex.header.governance.training_eligible is False
+    assert globex.header.task == {"implicit": True}
+    assert globex.header.governance.training_eligible is False
     assert [e.metadata.interaction_id for e in globex.events if e.kind == EventKind.LLM_CALL] == [
         sessionless.id
     ]

@@ -252,8 +252,9 @@ def test_completions_endpoint(server):
 
 
 def test_stop_sequence(server):
-    thread, _, _ = server
-    client = client_for(thread.url, start_session(thread.url)["api_key"])
+    thread, parts, buffer = server
+    session = start_session(thread.url)
+    client = client_for(thread.url, session["api_key"])
     reply = client.chat.completions.create(
         model=MODEL,
         messages=TOOL_MESSAGES,
@@ -263,9 +264,12 @@ def test_stop_sequence(server):
         stop=['"arguments"'],
     )
     choice = reply.choices[0]
-    # cut before the stop sequence; the unfinished call stays visible as text
+    # cut at the last token before the stop sequence (the ' "' token straddles its start);
+    # the unfinished call stays visible as text, and the record decodes to exactly that text
     assert choice.finish_reason == "stop" and not choice.message.tool_calls
-    assert choice.message.content == '<tool_call>\n{"name": "get_weather", '
+    assert choice.message.content == '<tool_call>\n{"name": "get_weather",'
+    (event,) = llm_events(read_trajectories(buffer, TENANT)[session["session_id"]])
+    assert parts.worker.tokenizer.decode(event.llm.output_ids.tolist()) == choice.message.content
 
 
 def test_rewards_late_rewards_and_end(server):

@@ -3,13 +3,22 @@
 tool_choice, previous_response_id / store, usage, and the ATDP record (the same as a chat
 completion's)."""
 
+import asyncio
 import json
 
 import openai
 import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 from serving_harness import TOOL_MESSAGES, WEATHER_TOOL, api, local_server, read_trajectories
 
 from atdp_io import EventKind
+from serving.common.responses_requests import parse_responses_request
+from serving.gateway import responses_api
+from serving.proxy import responses
+from serving.proxy.conversation import canonical
+from serving.proxy.proxy import _sse, _text_delta
+from serving.proxy.recording import conversation_from_events
 
 MODEL = "sao-test"
 TENANT = "acme"
@@ -196,3 +205,112 @@ def test_bad_responses_bodies_are_a_400(server, change, fragment):
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(**{"model": MODEL, "input": "hi", **change})
     assert fragment in info.value.body["message"]
+
+
+@pytest.mark.parametrize(
+    ("text", "finish"),
+    [
+        ("<think>plan the route</think>go north", "stop"),
+        ("<think>still thinking about", "length"),
+        (
+            '<think>call it</think><tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
+            "stop",
+        ),
+    ],
+)
+def test_reasoning_content_becomes_a_reasoning_item(text, finish):
+    """The data proxy's reasoning split (`reasoning_content`, whole and streamed) reaches a
+    Responses client as a reasoning item before the answer, streamed as reasoning_text events
+    the official client parses; a stored reply leaves it out, as chat clients do."""
+    request = parse_responses_request({"model": MODEL, "input": "hi"})
+    reply = responses.parse_reply(text, finish, tools_enabled=True)
+    common = dict(completion_id="chatcmpl-x", created=1, model=MODEL, system_fingerprint="f")
+    completion = responses.chat_completion(
+        **common,
+        choices=[(reply, None, "chatcmpl-x")],
+        usage_counts=responses.usage(3, 5),
+        policy_version=0,
+    )
+    plain = responses_api.from_chat_completion(request, completion)
+
+    chunks = [responses.chat_chunk(**common, delta={"role": "assistant", "content": ""})]
+    thinking = responses.ReasoningStreamFilter()  # as the proxy streams a choice
+    calls = responses.ToolCallStreamFilter(True)
+    pieces = [thinking.feed(text[i : i + 3]) for i in range(0, len(text), 3)]
+    for reasoning, content in [*pieces, thinking.flush()]:
+        delta = _text_delta(reasoning, calls.feed(content))
+        if delta:
+            chunks.append(responses.chat_chunk(**common, delta=delta))
+    if reply.tool_calls:
+        deltas = responses.tool_call_deltas(reply.tool_calls)
+        chunks.append(responses.chat_chunk(**common, delta={"tool_calls": deltas}))
+    chunks.append(responses.chat_chunk(**common, delta={}, finish_reason=reply.finish_reason))
+    chunks.append(responses.chat_chunk(**common, delta=None, usage_counts=responses.usage(3, 5)))
+
+    async def sse():
+        for chunk in chunks:
+            yield _sse(chunk)
+        yield _sse("[DONE]")
+
+    async def translate():
+        return [e async for e in responses_api.stream_events(request, sse(), MODEL, stored.append)]
+
+    stored: list = []
+    raw = asyncio.run(translate())
+    payloads = [json.loads(e.split(b"data: ", 1)[1]) for e in raw]
+    # the item, part and reasoning events match the official client's schema exactly
+    events = [
+        TypeAdapter(ResponseStreamEvent).validate_python(p)
+        for p in payloads
+        if p["type"].startswith(("response.output_item", "response.content_part", "response.re"))
+    ]
+    assert "response.reasoning_text.delta" in [e.type for e in events]
+    (final,) = stored
+    for output in (plain["output"], final["output"]):
+        assert output[0]["type"] == "reasoning"
+        assert output[0]["content"] == [{"type": "reasoning_text", "text": reply.reasoning}]
+        assert [o["type"] for o in output[1:]] == (
+            ["function_call"] if reply.tool_calls else ["message"] if reply.content else []
+        )
+    assert [o["status"] for o in final["output"]] == [o["status"] for o in plain["output"]]
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    (done,) = [e.text for e in events if e.type == "response.reasoning_text.done"]
+    assert streamed == done == reply.reasoning
+    answer = "".join(p["delta"] for p in payloads if p["type"] == "response.output_text.delta")
+    assert answer == (reply.content or "")
+    stored_reply = responses_api.reply_message(final["output"])
+    assert stored_reply["content"] == (reply.content or ("" if not reply.tool_calls else None))
+    assert "think" not in json.dumps(stored_reply)
+
+
+def test_previous_response_id_reuses_the_sampled_ids(server):
+    """A stored conversation continues token-exactly: the next call's prompt starts with the
+    previous call's input and output ids, and the trajectory's conversation (as a restarted
+    proxy rebuilds it) includes the Responses replies."""
+    thread, _, buffer = server
+    session_id, client = session_client(thread.url)
+    first = client.responses.create(
+        model=MODEL, input="look around", max_output_tokens=6, temperature=0
+    )
+    second = client.responses.create(
+        model=MODEL,
+        input="and now?",
+        previous_response_id=first.id,
+        max_output_tokens=4,
+        temperature=0,
+    )
+    events = events_of(buffer, session_id)
+    before, after = [e for e in events if e.kind == EventKind.LLM_CALL]
+    assert after.metadata.extra["prompt"]["extends"] == first.id
+    assert "context_rewritten" not in after.metadata.extra
+    reused = [*before.llm.input_ids.tolist(), *before.llm.output_ids.tolist()]
+    assert after.llm.input_ids[: len(reused)].tolist() == reused
+    expected = [
+        {"role": "user", "content": "look around"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "and now?"},
+        {"role": "assistant", "content": second.output_text},
+    ]
+    assert [canonical(m) for m in conversation_from_events(events)] == [
+        canonical(m) for m in expected
+    ]

@@ -62,10 +62,59 @@ def test_stop_string_cuts_reply_and_tokens(chunk):
     text = "The answer is 42. END of story, more text"
     emitted, kept, hit, final = stream(text, stop=("END", "zzz"), chunk=chunk)
     assert hit == "END"
-    assert emitted == final == "The answer is 42. "
-    # the kept tokens are the fewest whose text contains the stop string
-    decoded = TOKENIZER.decode(kept)
-    assert "END" in decoded and "END" not in TOKENIZER.decode(kept[:-1])
+    # cut at the last token boundary before the stop string: the client gets exactly the
+    # decode of the kept tokens (the " " token before "E" here ends on the boundary)
+    assert emitted == final == TOKENIZER.decode(kept) == "The answer is 42. "
+    assert "E" not in TOKENIZER.decode(kept)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 50])
+def test_stop_string_inside_a_token_drops_the_straddling_token(chunk):
+    # " is" is one token; the stop "s" starts inside it, so the reply ends before " is"
+    emitted, kept, hit, final = stream("The answer is 42", stop=("s",), chunk=chunk)
+    assert hit == "s" and emitted == final == TOKENIZER.decode(kept)
+    assert final == "The an"
+
+
+@given(
+    st.text(alphabet="ab c\n\u00e9\u6587\U0001f600<>|", min_size=1, max_size=40),
+    st.lists(st.text(alphabet="ab c\u00e9>", min_size=1, max_size=3), max_size=3),
+    st.integers(1, 4),
+    st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_emitted_text_is_always_the_decode_of_kept_tokens(text, stops, chunk, stop_token):
+    emitted, kept, _, final = stream(text, stop=tuple(stops), chunk=chunk, stop_token=stop_token)
+    if kept and kept[-1] in STOP_IDS:
+        kept = kept[:-1]
+    assert emitted == final == TOKENIZER.decode(kept)
+    assert not any(s in final for s in stops)
+
+
+@given(
+    st.lists(st.integers(3, TINY_VOCAB_SIZE - 1), min_size=1, max_size=60),
+    st.lists(st.text(alphabet="ab e\ufffd<", min_size=1, max_size=2), max_size=2),
+    st.integers(1, 5),
+)
+@settings(max_examples=300, deadline=None)
+def test_random_token_ids_emit_exactly_their_decode(ids, stops, chunk):
+    """What a random model samples: byte tokens that need not form valid UTF-8."""
+    tracker = TextTracker(TOKENIZER, tuple(stops), STOP_IDS)
+    emitted, kept = "", ids
+    for begin in range(0, len(ids), chunk):
+        out = ids[: begin + chunk]
+        delta, keep, _ = tracker.update(out, begin + chunk >= len(ids))
+        emitted += delta
+        if keep is not None:
+            kept = out[:keep]
+            break
+    assert emitted == tracker.final_text(kept) == TOKENIZER.decode(kept)
+
+
+def test_special_tokens_in_a_reply_are_returned_as_text():
+    ids = [TOKENIZER.token_to_id("<|im_start|>"), *TOKENIZER.encode("hi")]
+    emitted, kept, _, final = stream(TOKENIZER.decode(ids), stop_token=True)
+    assert emitted == final == "<|im_start|>hi" and kept[0] == ids[0]
 
 
 def test_partial_stop_string_is_held_back_then_released():
