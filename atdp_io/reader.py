@@ -259,6 +259,13 @@ class _Fetched:
         span_start, data = self.spans[i]
         return data[start - span_start : start - span_start + length]
 
+    def contains(self, needle: bytes) -> bool:
+        """Whether any fetched byte span holds `needle` (one scan per span, cached)."""
+        found = self.__dict__.setdefault("_found", {})
+        if needle not in found:
+            found[needle] = any(needle in data.tobytes() for _, data in self.spans)
+        return found[needle]
+
 
 def _merge(ranges: np.ndarray) -> list[tuple[int, int]]:
     """Merges `[k, 2]` (start, length) ranges into sorted `(start, end)` spans to read."""
@@ -366,7 +373,8 @@ def _training_view(
             arrays = _llm_arrays(events[index], fetched, context, where)
             turns.append(LLMTurn(index, *arrays))
             context = np.concatenate([arrays.input_ids, arrays.output_ids])
-    turns = tuple(_with_sampling(t, events[t.event_index], fetched, entry) for t in turns)
+    if fetched["meta"].contains(_SAMPLED_KEY):  # else no call of the batch recorded any
+        turns = tuple(_with_sampling(t, events[t.event_index], fetched, entry) for t in turns)
     rewards = []
     if reward_sources:
         for index, rec in enumerate(events):

@@ -10,7 +10,13 @@ from sao_jax.models.decoding import (
     chunked_transformed_logprobs,
     transformed_logprob,
 )
-from sao_jax.rollout.sampling import allowed_tokens, behaviour_logprob, sample_tokens
+from sao_jax.rollout import sampling
+
+# jitted once each: op-by-op dispatch would compile every primitive separately
+behaviour_logprob = jax.jit(sampling.behaviour_logprob)
+sample_tokens = jax.jit(sampling.sample_tokens)
+allowed_tokens = jax.jit(sampling.allowed_tokens, static_argnums=1)
+transformed_logprob = jax.jit(transformed_logprob)
 
 SETTINGS = [  # (temperature, top_k, top_p)
     (1.0, 0, 1.0),
