@@ -7,6 +7,11 @@ Layouts:
 - `windowed`: one row per LLM call (its input + output), for harnesses that rebuild the prompt
   each turn (history windows, summaries).
 
+Behaviour log-probs (`rollout_logp`): a call's `decoding.extra["sampled_logprobs"]` (under the
+distribution actually sampled) when recorded, else its temperature-1 `output_logprobs`; a call
+that recorded them under a transform (temperature, top-k, top-p) also carries that transform
+per token (`SAMPLING_KEYS`), so the learner can take its log-probs the same way.
+
 Rewards land on the last output token of the LLM call they belong to: an event's own rewards and
 late rewards go to the nearest LLM call at or before the event they point at (late rewards for
 the whole trajectory go to its last call); rewards with no LLM call before them are dropped.
