@@ -33,8 +33,15 @@ from atdp_io.governance import (
 )
 from atdp_io.index import PartitionIndex, TrajectoryEntry, bits_float
 from atdp_io.layout import Col, Head, PartitionArrays, RecordKind
-from atdp_io.rows import LLMTurn, TrainingView
-from atdp_io.schema import Event, Outcome, Reward, SchemaError, Trajectory
+from atdp_io.rows import LLMTurn, TrainingView, call_sampling
+from atdp_io.schema import (
+    DecodingParams,
+    Event,
+    Outcome,
+    Reward,
+    SchemaError,
+    Trajectory,
+)
 
 _MERGE_GAP = 4096  # read neighbouring ranges as one when the gap is this small (elements)
 
@@ -184,10 +191,12 @@ class PartitionReader:
         """The loader's fast path: token streams and rewards, no event records decoded.
 
         Without `reward_sources` each event's rewards come summed from the record table (one
-        reward of source "*"), and no JSON payload is read at all.
+        reward of source "*"), and only LLM calls' JSON payloads are read, for their decoding
+        transform: a payload is parsed only when it records `sampled_logprobs` (a byte search
+        decides), so calls without them cost a read and a scan, never a JSON decode.
         """
         self._check_servable(entries, now)
-        fetched = self._fetch_entries(entries, meta=reward_sources)
+        fetched = self._fetch_entries(entries, meta=True if reward_sources else "llm")
         records = self.index.records
         return [_training_view(e, records, fetched, reward_sources) for e in entries]
 
@@ -210,7 +219,9 @@ class PartitionReader:
             if exceptions:
                 self._audit("operator_read_ineligible", {"trajectories": exceptions, "now": now})
 
-    def _fetch_entries(self, entries: Sequence[TrajectoryEntry], *, meta: bool) -> dict:
+    def _fetch_entries(self, entries: Sequence[TrajectoryEntry], *, meta: bool | str) -> dict:
+        """Token streams of `entries`, and JSON payloads: every record's (`meta` True), only LLM
+        calls' ("llm") or none (False)."""
         if not self.content:
             raise AccessDenied(f"this reader of {self.tenant!r} has no content access")
         if entries and self._arrays is None:
@@ -226,7 +237,9 @@ class PartitionReader:
         arrays = self._arrays
         requests = {name: (getattr(arrays, name), token_ranges) for name in layout.TOKEN_STREAMS}
         if meta:
-            requests["meta"] = (arrays.meta, recs[:, [Col.META_START, Col.META_LEN]])
+            meta_recs = recs[recs[:, Col.PREFIX_LEN] + recs[:, Col.INPUT_LEN] > 0]
+            meta_recs = recs if meta is True else meta_recs
+            requests["meta"] = (arrays.meta, meta_recs[:, [Col.META_START, Col.META_LEN]])
         return _fetch(requests)
 
 
@@ -245,6 +258,13 @@ class _Fetched:
         i = int(np.searchsorted(self.starts, start, side="right")) - 1
         span_start, data = self.spans[i]
         return data[start - span_start : start - span_start + length]
+
+    def contains(self, needle: bytes) -> bool:
+        """Whether any fetched byte span holds `needle` (one scan per span, cached)."""
+        found = self.__dict__.setdefault("_found", {})
+        if needle not in found:
+            found[needle] = any(needle in data.tobytes() for _, data in self.spans)
+        return found[needle]
 
 
 def _merge(ranges: np.ndarray) -> list[tuple[int, int]]:
@@ -353,6 +373,8 @@ def _training_view(
             arrays = _llm_arrays(events[index], fetched, context, where)
             turns.append(LLMTurn(index, *arrays))
             context = np.concatenate([arrays.input_ids, arrays.output_ids])
+    if fetched["meta"].contains(_SAMPLED_KEY):  # else no call of the batch recorded any
+        turns = tuple(_with_sampling(t, events[t.event_index], fetched, entry) for t in turns)
     rewards = []
     if reward_sources:
         for index, rec in enumerate(events):
@@ -366,6 +388,21 @@ def _training_view(
     return TrainingView(
         entry.trajectory_id, tuple(turns), tuple(rewards), extends=True if chained else None
     )
+
+
+_SAMPLED_KEY = b'"sampled_logprobs"'
+
+
+def _with_sampling(turn: LLMTurn, rec: np.ndarray, fetched: dict, entry: TrajectoryEntry):
+    """`turn` with its call's behaviour log-probs and decoding transform, when recorded."""
+    raw = fetched["meta"].get(int(rec[Col.META_START]), int(rec[Col.META_LEN])).tobytes()
+    if _SAMPLED_KEY not in raw:
+        return turn
+    where = f"trajectory {entry.trajectory_id!r} event {turn.event_index}"
+    data = codec.loads(raw, where).get("llm", {}).get("decoding", {})
+    decoding = codec.from_json(DecodingParams, data, f"{where}.llm.decoding")
+    behaviour, sampling = call_sampling(decoding, turn.output_ids.shape[0], where)
+    return turn._replace(behaviour_logprobs=behaviour, sampling=sampling)
 
 
 def _decode_trajectory(

@@ -7,6 +7,11 @@ Layouts:
 - `windowed`: one row per LLM call (its input + output), for harnesses that rebuild the prompt
   each turn (history windows, summaries).
 
+Behaviour log-probs (`rollout_logp`): a call's `decoding.extra["sampled_logprobs"]` (under the
+distribution actually sampled) when recorded, else its temperature-1 `output_logprobs`; a call
+that recorded them under a transform (temperature, top-k, top-p) also carries that transform
+per token (`SAMPLING_KEYS`), so the learner can take its log-probs the same way.
+
 Rewards land on the last output token of the LLM call they belong to: an event's own rewards and
 late rewards go to the nearest LLM call at or before the event they point at (late rewards for
 the whole trajectory go to its last call); rewards with no LLM call before them are dropped.
@@ -20,17 +25,34 @@ from typing import NamedTuple
 
 import numpy as np
 
-from atdp_io.schema import LateReward, Reward, Trajectory
+from atdp_io.schema import DecodingParams, LateReward, Reward, Trajectory
 
 LAYOUTS = ("concat", "windowed")
+# Batch keys present only when some row's tokens were sampled under a decoding transform.
+SAMPLING_KEYS = ("sample_temperature", "sample_top_k", "sample_top_p")
 
 
 class LayoutError(ValueError):
     """A trajectory cannot be laid out as asked (e.g. `concat` on a non-extending context)."""
 
 
+class Sampling(NamedTuple):
+    """The decoding transform an LLM call's tokens were drawn under (top_k 0 / top_p 1: off;
+    temperature 0: greedy)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+
+
 class LLMTurn(NamedTuple):
-    """The token streams of one LLM call (shapes as in `schema.LLMCall`)."""
+    """The token streams of one LLM call (shapes as in `schema.LLMCall`).
+
+    `behaviour_logprobs [N]`: log-probs under the distribution actually sampled (the call's
+    `decoding.extra["sampled_logprobs"]`), None when not recorded (then `output_logprobs`, at
+    temperature 1, are the behaviour). `sampling`: the transform those behaviour log-probs are
+    under, None for the plain temperature-1 distribution.
+    """
 
     event_index: int
     input_ids: np.ndarray
@@ -38,10 +60,39 @@ class LLMTurn(NamedTuple):
     output_logprobs: np.ndarray
     output_versions: np.ndarray
     loss_mask: np.ndarray
+    behaviour_logprobs: np.ndarray | None = None
+    sampling: Sampling | None = None
 
     @property
     def context_ids(self) -> np.ndarray:
         return np.concatenate([self.input_ids, self.output_ids])
+
+
+def call_sampling(
+    decoding: DecodingParams, n_out: int, where: str
+) -> tuple[np.ndarray | None, Sampling | None]:
+    """(behaviour_logprobs [N] or None, Sampling or None) of one LLM call's `decoding`.
+
+    The transform applies only with recorded `sampled_logprobs`: without them the behaviour
+    log-probs are `output_logprobs`, at temperature 1, and the learner must compare at
+    temperature 1 too. Raises ValueError naming `where` on malformed `sampled_logprobs`.
+    """
+    raw = decoding.extra.get("sampled_logprobs")
+    if raw is None:
+        return None, None
+    try:
+        sampled = np.asarray(raw, np.float32)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: llm.decoding.extra.sampled_logprobs is not numeric") from err
+    if sampled.shape != (n_out,):
+        raise ValueError(
+            f"{where}: llm.decoding.extra.sampled_logprobs has shape {sampled.shape}, "
+            f"expected ({n_out},) like output_ids"
+        )
+    if n_out and not (np.all(np.isfinite(sampled)) and sampled.max() <= 1e-4):
+        raise ValueError(f"{where}: llm.decoding.extra.sampled_logprobs must be finite and <= 0")
+    transform = Sampling(float(decoding.temperature), int(decoding.top_k), float(decoding.top_p))
+    return sampled, (None if transform == (1.0, 0, 1.0) else transform)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,6 +118,11 @@ def training_view(trajectory: Trajectory) -> TrainingView:
             e.llm.output_logprobs,
             e.llm.output_versions,
             e.llm.loss_mask,
+            *call_sampling(
+                e.llm.decoding,
+                e.llm.output_ids.shape[0],
+                f"trajectory {trajectory.trajectory_id!r} event {i}",
+            ),
         )
         for i, e in trajectory.llm_events()
     )
@@ -87,6 +143,11 @@ class Row:
     rewards: np.ndarray  # float32
     versions: np.ndarray  # int32 policy version of each output token, -1 elsewhere
     turn_index: int  # LLM-call ordinal of the row's call (windowed) or 0 (concat)
+    # The decoding transform of each token's call [L] (1 / 0 / 1 elsewhere: the identity),
+    # None when no token of the row was sampled under one.
+    sample_temperature: np.ndarray | None = None  # float32
+    sample_top_k: np.ndarray | None = None  # int32
+    sample_top_p: np.ndarray | None = None  # float32
 
     @property
     def length(self) -> int:
@@ -179,8 +240,7 @@ def trajectory_rows(
     rows = []
     for ordinal, turn in enumerate(view.turns):
         row = _empty_row(turn.context_ids, ordinal)
-        _place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index])
-        rows.append(row)
+        rows.append(_place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index]))
     return rows, layout == "concat"
 
 
@@ -196,19 +256,35 @@ def _empty_row(tokens: np.ndarray, turn: int) -> Row:
     )
 
 
-def _place_output(row: Row, start: int, turn: LLMTurn, reward: float) -> None:
+def _place_output(row: Row, start: int, turn: LLMTurn, reward: float) -> Row:
+    """Writes the call's output into `row` (in place); returns the row, replaced by a copy that
+    carries sampling arrays when this call is the first of the row with a transform."""
     end = start + turn.output_ids.shape[0]
+    if turn.sampling is not None:
+        if row.sample_temperature is None:
+            n = row.length
+            row = dataclasses.replace(
+                row,
+                sample_temperature=np.ones(n, np.float32),
+                sample_top_k=np.zeros(n, np.int32),
+                sample_top_p=np.ones(n, np.float32),
+            )
+        row.sample_temperature[start:end] = turn.sampling.temperature
+        row.sample_top_k[start:end] = turn.sampling.top_k
+        row.sample_top_p[start:end] = turn.sampling.top_p
+    behaviour = turn.output_logprobs if turn.behaviour_logprobs is None else turn.behaviour_logprobs
     row.loss_mask[start:end] = turn.loss_mask
-    row.rollout_logp[start:end] = np.where(turn.loss_mask > 0, turn.output_logprobs, 0.0)
+    row.rollout_logp[start:end] = np.where(turn.loss_mask > 0, behaviour, 0.0)
     row.versions[start:end] = turn.output_versions
     # An empty output (the call produced nothing) keeps its reward on the last context token.
     row.rewards[max(end - 1, 0)] += reward
+    return row
 
 
 def _concat_row(view: TrainingView, rewards: dict[int, float]) -> Row:
     row = _empty_row(view.turns[-1].context_ids, 0)
     for turn in view.turns:
-        _place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index])
+        row = _place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index])
     return row
 
 
@@ -221,6 +297,9 @@ def pack_batch(
     `rewards [R, T] float32`, `versions [R, T] int32`, `positions [R, T] int32`,
     `segment_ids [R, T] int32` (1 on real tokens, 0 on padding), `traj_index [R] int32` (k, the
     trajectory's slot in this batch) and `turn_index [R] int32`; both -1 on padding rows.
+    When some row carries a decoding transform, also `sample_temperature [R, T] float32`,
+    `sample_top_k [R, T] int32` and `sample_top_p [R, T] float32` (`SAMPLING_KEYS`; the identity
+    1 / 0 / 1 elsewhere); otherwise the batch is exactly as without them.
     """
     total = sum(len(g) for g in groups)
     if total > rows:
@@ -236,6 +315,11 @@ def pack_batch(
         "traj_index": np.full(rows, -1, np.int32),
         "turn_index": np.full(rows, -1, np.int32),
     }
+    sampled = any(row.sample_temperature is not None for group in groups for row in group)
+    if sampled:
+        batch["sample_temperature"] = np.ones((rows, seq_len), np.float32)
+        batch["sample_top_k"] = np.zeros((rows, seq_len), np.int32)
+        batch["sample_top_p"] = np.ones((rows, seq_len), np.float32)
     r = 0
     for k, group in enumerate(groups):
         for row in group:
@@ -251,5 +335,9 @@ def pack_batch(
             batch["segment_ids"][r, :n] = 1
             batch["traj_index"][r] = k
             batch["turn_index"][r] = row.turn_index
+            if row.sample_temperature is not None:
+                batch["sample_temperature"][r, :n] = row.sample_temperature
+                batch["sample_top_k"][r, :n] = row.sample_top_k
+                batch["sample_top_p"][r, :n] = row.sample_top_p
             r += 1
     return batch

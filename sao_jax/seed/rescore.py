@@ -14,8 +14,12 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from atdp_io.rows import SAMPLING_KEYS
+
 _SHIFTED_KEYS = ("tokens", "loss_mask", "rollout_logp", "rewards", "versions", "segment_ids")
-_FILL = {"versions": -1}
+# the decoding-transform keys (`SAMPLING_KEYS`, when the batch has them) shift too, so the
+# teacher's log-probs are taken under the same transform as the student's; identity fill
+_FILL = {"versions": -1, "sample_temperature": 1.0, "sample_top_p": 1.0}
 
 
 def skill_injected_batch(
@@ -39,7 +43,7 @@ def skill_injected_batch(
     tokens = np.asarray(batch["tokens"])
     rows, width, skill = tokens.shape[0], tokens.shape[1], max_skill_tokens
     out = {}
-    for key in _SHIFTED_KEYS:
+    for key in (*_SHIFTED_KEYS, *(k for k in SAMPLING_KEYS if k in batch)):
         value = np.asarray(batch[key])
         shifted = np.full((rows, skill + width), _FILL.get(key, 0), value.dtype)
         shifted[:, skill:] = value

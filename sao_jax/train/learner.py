@@ -41,7 +41,7 @@ from sao_jax.train.learner_steps import (
     trace_key,
 )
 from sao_jax.train.partition import split_trainable
-from sao_jax.train.steps import BATCH_KEYS, Placement, make_optimizer
+from sao_jax.train.steps import BATCH_KEYS, SAMPLING_KEYS, Placement, make_optimizer
 
 Metrics = dict[str, Any]
 
@@ -374,6 +374,8 @@ class Learner:
         if missing:
             raise ValueError(f"Learner: batch lacks {missing}; expected an atdp_io loader batch")
         host = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
+        # tokens sampled under a decoding transform: their log-probs are taken under it
+        host.update({k: np.asarray(batch[k]) for k in SAMPLING_KEYS if k in batch})
         if self.algorithm.opd and "skill_logp" in batch:
             host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
         if self.algorithm.advantage == "group":

@@ -31,8 +31,10 @@ from flax import struct
 
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
 from sao_jax.models import Backbone, Critic, MoeAux, Transformer
+from sao_jax.models.decoding import chunked_transformed_logprobs
 from sao_jax.models.logprobs import scatter_positions, take_positions
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
+from sao_jax.train.steps import SAMPLING_KEYS
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -119,21 +121,63 @@ def policy_logprobs(
 ) -> tuple[jax.Array, jax.Array, MoeAux]:
     """(logp [R, T], entropy [R, T], MoE aux): log pi(token t | tokens < t) at temperature 1.
 
-    `action_capacity` K: the LM head runs on the action tokens only (at most K per row, see the
-    module docstring) and logp / entropy are 0 off them; None: at every position.
+    With the batch's `SAMPLING_KEYS`, an action token sampled under a decoding transform gets
+    its log-prob under that transform instead (see `_sampled_logprobs`); the entropy stays
+    the plain distribution's. `action_capacity` K: the LM head runs on the action tokens only
+    (at most K per row, see the module docstring) and logp / entropy are 0 off them; None: at
+    every position.
     """
     out = backbone(policy, batch)
+    length = batch["tokens"].shape[1]
     if action_capacity is None:
         targets = jnp.roll(packed_inputs(batch)[0], -1, axis=1)
         logp, entropy = policy.token_logprobs(out.hidden, targets, chunk_size=chunk_size)
-        return unpack(batch, _shift_right(logp)), unpack(batch, _shift_right(entropy)), out.aux
-    at = action_positions(action_mask(batch), action_capacity)
-    # the hidden state before each action token predicts it
-    hidden = gather_hidden(batch, out.hidden, at.predictors)
-    targets = take_positions(batch["tokens"], at.index)
-    logp, entropy = policy.token_logprobs(hidden, targets, chunk_size=chunk_size)
-    length = batch["tokens"].shape[1]
-    return at.to_rows(logp, length), at.to_rows(entropy, length), out.aux
+        logp, entropy = unpack(batch, _shift_right(logp)), unpack(batch, _shift_right(entropy))
+        at = action_positions(action_mask(batch), length) if SAMPLING_KEYS[0] in batch else None
+    else:
+        at = action_positions(action_mask(batch), action_capacity)
+        # the hidden state before each action token predicts it
+        hidden = gather_hidden(batch, out.hidden, at.predictors)
+        targets = take_positions(batch["tokens"], at.index)
+        logp, entropy = policy.token_logprobs(hidden, targets, chunk_size=chunk_size)
+        logp, entropy = at.to_rows(logp, length), at.to_rows(entropy, length)
+    if SAMPLING_KEYS[0] in batch:
+        logp = _sampled_logprobs(policy, batch, out.hidden, at, logp, chunk_size)
+    return logp, entropy, out.aux
+
+
+def sampled_tokens(batch: Batch) -> jax.Array:
+    """[R, T] bool: the tokens sampled under a decoding transform (not temperature 1 untruncated);
+    all False without the batch's `SAMPLING_KEYS`."""
+    if SAMPLING_KEYS[0] not in batch:
+        return jnp.zeros(batch["tokens"].shape, bool)
+    temperature, top_k, top_p = (batch[k] for k in SAMPLING_KEYS)
+    return (temperature != 1.0) | (top_k > 0) | (top_p < 1.0)
+
+
+def _sampled_logprobs(
+    policy: Transformer,
+    batch: Batch,
+    hidden: jax.Array,
+    at: ActionPositions,
+    logp: jax.Array,
+    chunk_size: int,
+) -> jax.Array:
+    """`logp` [R, T] with each action token sampled under a decoding transform replaced by its
+    log-prob under that transform (`sao_jax.models.decoding`), so the DIS ratio against the
+    sampler's behaviour log-prob is 1 at the sampling weights. Temperature-1 untruncated tokens
+    keep the plain head's value, bit for bit. The transformed head runs at every action
+    position of the batch (a second LM head pass there, plus a vocabulary sort)."""
+    at_actions = lambda x: take_positions(x, at.index)  # noqa: E731
+    transformed = chunked_transformed_logprobs(
+        gather_hidden(batch, hidden, at.predictors),
+        policy.unembedding(),
+        at_actions(batch["tokens"]),
+        *(at_actions(batch[k]) for k in SAMPLING_KEYS),
+        chunk_size=chunk_size,
+    )
+    rows = at.to_rows(transformed, batch["tokens"].shape[1])
+    return jnp.where(sampled_tokens(batch) & (action_mask(batch) > 0), rows, logp)
 
 
 def backbone(model: Backbone, batch: Batch):
@@ -200,6 +244,10 @@ def policy_gradient_loss(
     mean_entropy = masked_token_mean(entropy, mask)
     loss = objective + aux_loss(aux, load_balance_weight, z_weight) - entropy_coef * mean_entropy
     metrics = dict(metrics)
+    if SAMPLING_KEYS[0] in batch:
+        # greedy tokens are a point mass: ratio 1 while still the argmax, no gradient
+        greedy = (batch[SAMPLING_KEYS[0]] <= 0).astype(jnp.float32)
+        metrics["greedy_token_frac"] = masked_token_mean(greedy, mask)
     if opd is not None:
         opd_value, opd_metrics = seed_opd_loss(
             logp, batch["skill_logp"], mask, beta=opd["beta"], mode=opd["mode"], clip=opd["clip"]

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from atdp_io.rows import SAMPLING_KEYS as SAMPLING_KEYS
 from sao_jax.models.steps import batch_sharding
 from sao_jax.sharding import LogicalRules, named_sharding, state_shardings
 from sao_jax.train.config import OptimizerConfig
@@ -40,6 +41,8 @@ BATCH_KEYS = (
     "traj_index",
     "turn_index",
 )
+# Optional [R, T] keys (`SAMPLING_KEYS`, from atdp_io.rows): the decoding transform each action
+# token was sampled under; absent, every token was sampled at temperature 1.
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
