@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grain
 import numpy as np
+import pytest
 import openai
 from flax import nnx
 
@@ -58,6 +59,7 @@ def _serve(buffer: Path) -> None:
         assert status == 200, ended
 
 
+@pytest.mark.slow  # ~60 s: trains the serving harness's tool model and starts a worker
 def test_the_dis_ratio_is_one_at_the_serving_weights(tmp_path):
     buffer = tmp_path / "buffer"
     _serve(buffer)
