@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grain
 import numpy as np
-import pytest
 import openai
+import pytest
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
