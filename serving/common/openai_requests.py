@@ -334,11 +334,19 @@ def _reasoning_effort(body: Mapping) -> str | None:
 
 
 def normalize_roles(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """`developer` messages become `system` messages (OpenAI's two names for one role)."""
-    return [
-        {**m, "role": "system"} if isinstance(m, Mapping) and m.get("role") == "developer" else m
-        for m in messages
-    ]
+    """`developer` messages become `system` messages (OpenAI's two names for one role); an
+    assistant message without content or tool calls has content "" (a reply that was all
+    reasoning comes back with `content: null`, and agents echo it as they got it)."""
+    return [_normalize_role(m) if isinstance(m, Mapping) else m for m in messages]
+
+
+def _normalize_role(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    role = message.get("role")
+    if role == "developer":
+        return {**message, "role": "system"}
+    if role == "assistant" and message.get("content") is None and not message.get("tool_calls"):
+        return {**message, "content": ""}
+    return message
 
 
 # ----------------------------------------------------------------------------- endpoints

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import openai
 import optax
+import pytest
 from aiohttp import web
 from flax import nnx
 
@@ -148,6 +150,29 @@ def local_server(buffer: Path, worker: Worker | None = None, **overrides):
         yield thread, server
     finally:
         thread.stop()
+
+
+def module_server():
+    """A module-scoped `server` fixture: the one-process server on a fresh buffer, as
+    (thread, parts, buffer). In a test module: `server = module_server()`."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory):
+        buffer = tmp_path_factory.mktemp("buffer")
+        with local_server(buffer) as (thread, parts):
+            yield thread, parts, buffer
+
+    return server
+
+
+def session_client(url: str, tenant: str = "acme") -> tuple[str, openai.OpenAI]:
+    """(session id, an `openai` client with the session's key) for a new session."""
+    status, session = api(url, "/rl/start_session", {"tenant": tenant})
+    assert status == 200, session
+    client = openai.OpenAI(
+        base_url=url + "/v1", api_key=session["api_key"], max_retries=0, timeout=600
+    )
+    return session["session_id"], client
 
 
 def api(url: str, path: str, body: dict | None = None, key: str | None = ADMIN_KEY, method="POST"):

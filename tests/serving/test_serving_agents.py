@@ -7,7 +7,7 @@ limit."""
 import numpy as np
 import openai
 import pytest
-from serving_harness import WEATHER_TOOL, api, local_server, read_trajectories
+from serving_harness import WEATHER_TOOL, api, module_server, read_trajectories, session_client
 
 from atdp_io import EventKind
 from serving.proxy.conversation import canonical
@@ -17,20 +17,7 @@ MODEL = "sao-test"
 TENANT = "acme"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    buffer = tmp_path_factory.mktemp("buffer")
-    with local_server(buffer) as (thread, parts):
-        yield thread, parts, buffer
-
-
-def session_client(url):
-    status, session = api(url, "/rl/start_session", {"tenant": TENANT})
-    assert status == 200, session
-    client = openai.OpenAI(
-        base_url=url + "/v1", api_key=session["api_key"], max_retries=0, timeout=600
-    )
-    return session["session_id"], client
+server = module_server()
 
 
 def llm_events(buffer, session_id):

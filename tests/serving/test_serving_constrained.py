@@ -9,7 +9,7 @@ import json
 import numpy as np
 import openai
 import pytest
-from serving_harness import api, local_server, read_trajectories
+from serving_harness import module_server, read_trajectories, session_client
 
 from atdp_io import ActionKind, EventKind
 
@@ -48,20 +48,7 @@ ANSWER = {
 MESSAGES = [{"role": "user", "content": "open the fridge and look inside"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    buffer = tmp_path_factory.mktemp("buffer")
-    with local_server(buffer) as (thread, parts):
-        yield thread, parts, buffer
-
-
-def session_client(url):
-    status, session = api(url, "/rl/start_session", {"tenant": TENANT})
-    assert status == 200, session
-    client = openai.OpenAI(
-        base_url=url + "/v1", api_key=session["api_key"], max_retries=0, timeout=600
-    )
-    return session["session_id"], client
+server = module_server()
 
 
 def llm_events(buffer, session_id):

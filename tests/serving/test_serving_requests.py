@@ -170,6 +170,21 @@ WEATHER = {
 }
 
 
+@pytest.mark.parametrize("echoed", [{"content": None}, {}])
+def test_an_echoed_reasoning_only_reply_is_accepted(echoed):
+    """A reply that was all reasoning has `content: null`; the agent sends it back as it got
+    it (or without the null field): an empty assistant turn, not a 400."""
+    messages = [
+        {"role": "user", "content": "think"},
+        {"role": "assistant", **echoed},
+        {"role": "user", "content": "and?"},
+    ]
+    request = parse_chat_request({"model": "m", "messages": messages})
+    assert request.messages[1] == {"role": "assistant", "content": ""}
+    with pytest.raises(ApiError, match="no 'content'"):  # only assistant turns may be empty
+        parse_chat_request({"model": "m", "messages": [{"role": "user", "content": None}]})
+
+
 def test_what_agents_send_is_accepted():
     messages = [
         {"role": "developer", "content": "You are terse."},

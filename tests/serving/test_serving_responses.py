@@ -10,7 +10,14 @@ import openai
 import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
-from serving_harness import TOOL_MESSAGES, WEATHER_TOOL, api, local_server, read_trajectories
+from serving_harness import (
+    TOOL_MESSAGES,
+    WEATHER_TOOL,
+    api,
+    module_server,
+    read_trajectories,
+    session_client,
+)
 
 from atdp_io import EventKind
 from serving.common.responses_requests import parse_responses_request
@@ -25,20 +32,7 @@ TENANT = "acme"
 FLAT_WEATHER = {"type": "function", **WEATHER_TOOL["function"]}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    buffer = tmp_path_factory.mktemp("buffer")
-    with local_server(buffer) as (thread, parts):
-        yield thread, parts, buffer
-
-
-def session_client(url):
-    status, session = api(url, "/rl/start_session", {"tenant": TENANT})
-    assert status == 200, session
-    client = openai.OpenAI(
-        base_url=url + "/v1", api_key=session["api_key"], max_retries=0, timeout=600
-    )
-    return session["session_id"], client
+server = module_server()
 
 
 def events_of(buffer, session_id):
