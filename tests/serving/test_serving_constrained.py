@@ -138,8 +138,10 @@ def test_json_schema_and_json_object_outputs(server):
     )
     content = free.choices[0].message.content
     assert content.startswith("{")
-    if free.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(content), dict)
+    finish = free.choices[0].finish_reason
+    assert finish in ("stop", "length"), finish
+    # a finished reply is one JSON object; one cut at max_tokens is only a prefix of one
+    assert finish == "length" or isinstance(json.loads(content), dict), content
     events = llm_events(buffer, session_id)
     assert events[0].llm.decoding.extra["response_format"]["name"] == "answer"
 
