@@ -24,6 +24,7 @@ from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
 from sao_jax.metrics import read_metrics
 from sao_jax.train import Learner
+from serving.proxy.responses import split_reasoning
 
 REPO = Path(__file__).resolve().parents[2]
 # The micro preset without cloning steps: the run is about the plumbing, not the learning.
@@ -96,8 +97,13 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
             # ChatML user turn (what the rollout engine's windowed layout feeds the sampler)
             expected = tokenizer.encode_chat([{"role": "user", "content": prompt}])
             np.testing.assert_array_equal(call.input_ids, expected)
-            text = tokenizer.decode(call.output_ids, skip_special_tokens=True)
-            assert text == sent["reply"]
+            # token-exact: the client received the decoded ids, special tokens included, up to
+            # the stop token (recorded, never shown), a leading <think> block as
+            # reasoning_content and the rest as content (what the agent acted on)
+            shown = call.output_ids
+            if shown.size and shown[-1] in tokenizer.stop_ids:
+                shown = shown[:-1]
+            assert (split_reasoning(tokenizer.decode(shown))[1] or "") == sent["reply"]
             assert call.output_ids[-1] in tokenizer.stop_ids or call.finish_reason == "length"
             n_in, n_out = len(call.input_ids), len(call.output_ids)
             np.testing.assert_array_equal(row.loss_mask, np.r_[np.zeros(n_in), np.ones(n_out)])
