@@ -23,9 +23,13 @@ import jax.numpy as jnp
 LOGP_FLOOR = -1.0e4
 
 
-def keep_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """[N, V] bool, in vocabulary order: the ids top-k then top-p keep for scaled logits [N, V],
-    top_k [N] int (0: off), top_p [N] (1.0: off). Same rule as the sampler's filter."""
+def sorted_top_k_top_p(
+    scaled: jax.Array, top_k: jax.Array, top_p: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The top-k then top-p rule (HF order) on scaled logits [N, V], top_k [N] int (0: off),
+    top_p [N] (1.0: off), in descending-logit order: (order [N, V] the vocabulary ids by rank,
+    keep [N, V] bool, probs [N, V] the softmax over the top-k set). top-p keeps the smallest
+    prefix whose mass reaches top_p. The one definition the sampler and the learner share."""
     vocab = scaled.shape[-1]
     order = jnp.argsort(-scaled, axis=-1)
     sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
@@ -33,9 +37,20 @@ def keep_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
     keep = (top_k[:, None] <= 0) | (rank < top_k[:, None])
     probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = keep & (mass_before < top_p[:, None])
-    rows = jnp.arange(scaled.shape[0])[:, None]
-    return jnp.zeros_like(keep).at[rows, order].set(keep)
+    return order, keep & (mass_before < top_p[:, None]), probs
+
+
+def to_vocabulary_order(sorted_values: jax.Array, order: jax.Array) -> jax.Array:
+    """[N, V] values in rank order (`sorted_top_k_top_p`'s order) back in vocabulary order."""
+    rows = jnp.arange(order.shape[0])[:, None]
+    return jnp.zeros_like(sorted_values).at[rows, order].set(sorted_values)
+
+
+def keep_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """[N, V] bool, in vocabulary order: the ids top-k then top-p keep for scaled logits [N, V]
+    (`sorted_top_k_top_p`, the sampler's rule)."""
+    order, keep, _ = sorted_top_k_top_p(scaled, top_k, top_p)
+    return to_vocabulary_order(keep, order)
 
 
 def transformed_logprob(

@@ -11,6 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from sao_jax.models.decoding import sorted_top_k_top_p, to_vocabulary_order
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -68,17 +70,8 @@ def _filtered_probs(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> ja
     The filter runs on sorted logits; the result goes back to vocabulary order so that every
     row draws from a CDF in the same order whether or not it (or a neighbour) filters.
     """
-    vocab = scaled.shape[-1]
-    order = jnp.argsort(-scaled, axis=-1)
-    sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-    rank = jnp.arange(vocab)[None, :]
-    keep = (top_k[:, None] <= 0) | (rank < top_k[:, None])
-    probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = keep & (mass_before < top_p[:, None])  # smallest prefix with mass >= top_p
-    kept = jnp.where(keep, probs, 0.0)
-    rows = jnp.arange(scaled.shape[0])[:, None]
-    return jnp.zeros_like(kept).at[rows, order].set(kept)
+    order, keep, probs = sorted_top_k_top_p(scaled, top_k, top_p)
+    return to_vocabulary_order(jnp.where(keep, probs, 0.0), order)
 
 
 def sample_tokens(
