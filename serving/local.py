@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -186,29 +187,13 @@ def create_local_server(config: LocalServerConfig, *, worker: Worker | None = No
         worker_client=lambda name: worker_client,
         registry=registry,
     )
-    proxy_client = LocalProxyClient(proxy)
-    app = gateway_app.create_app(
-        config.gateway_config(),
-        router=router_client,
-        proxies=[LOCAL_PROXY],
-        proxy_client=lambda name: proxy_client,
-        worker_client=lambda name: worker_client,
-        registry=registry,
-    )
 
-    async def lifecycle(app: web.Application):
-        worker.start()
-        proxy.start()
-        await router.poll_once()
-        health = asyncio.create_task(router.run_health_checks())
-        yield
-        health.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await health
-        await proxy.close()
+    async def stop_worker() -> None:
         worker.stop()
 
-    app.cleanup_ctx.insert(0, lifecycle)
+    app = _gateway(
+        config, registry, router, router_client, proxy, worker_client, stop_worker, worker.start
+    )
     return LocalServer(app, worker, router, proxy)
 
 
@@ -233,6 +218,22 @@ def create_upstream_server(config: LocalServerConfig) -> LocalServer:
         registry=registry,
         token_ids=config.upstream_token_ids,
     )
+    app = _gateway(config, registry, router, router_client, proxy, worker_client, upstream.close)
+    return LocalServer(app, None, router, proxy)
+
+
+def _gateway(
+    config: LocalServerConfig,
+    registry,
+    router: Router,
+    router_client: LocalRouterClient,
+    proxy: DataProxy,
+    worker_client,
+    close_backend: Callable[[], Awaitable[None]],
+    start_backend: Callable[[], None] = lambda: None,
+) -> web.Application:
+    """The gateway app over this process's router and proxy; its lifecycle starts the backend,
+    the proxy and the router's health checks, and stops them in reverse order."""
     proxy_client = LocalProxyClient(proxy)
     app = gateway_app.create_app(
         config.gateway_config(),
@@ -244,6 +245,7 @@ def create_upstream_server(config: LocalServerConfig) -> LocalServer:
     )
 
     async def lifecycle(app: web.Application):
+        start_backend()
         proxy.start()
         await router.poll_once()
         health = asyncio.create_task(router.run_health_checks())
@@ -252,10 +254,10 @@ def create_upstream_server(config: LocalServerConfig) -> LocalServer:
         with contextlib.suppress(asyncio.CancelledError):
             await health
         await proxy.close()
-        await upstream.close()
+        await close_backend()
 
     app.cleanup_ctx.insert(0, lifecycle)
-    return LocalServer(app, None, router, proxy)
+    return app
 
 
 def _startup_info(worker: UpstreamWorker) -> dict:
