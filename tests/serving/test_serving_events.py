@@ -9,7 +9,7 @@ from serving_harness import (
     TOOL_MESSAGES,
     WEATHER_TOOL,
     api,
-    local_server,
+    module_server,
     read_trajectories,
 )
 
@@ -20,15 +20,11 @@ from serving.gateway.client import GatewayClient
 MODEL = "sao-test"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    buffer = tmp_path_factory.mktemp("buffer")
-    with local_server(buffer) as (thread, _):
-        yield thread, buffer
+server = module_server()
 
 
 def test_reported_events_join_the_trajectory(server):
-    thread, buffer = server
+    thread, _, buffer = server
     session = GatewayClient(thread.url, ADMIN_KEY).start_session("acme")
     client = session.openai(max_retries=0)
     reply = client.chat.completions.create(
@@ -94,14 +90,14 @@ def test_reported_events_join_the_trajectory(server):
     ],
 )
 def test_bad_events_are_refused_with_the_field_named(server, body, param):
-    thread, _ = server
+    thread, _, _ = server
     session = GatewayClient(thread.url, ADMIN_KEY).start_session("acme")
     status, answer = api(thread.url, "/rl/event", body, session.api_key)
     assert status == 400 and answer["error"]["param"] == param, answer
 
 
 def test_events_need_a_live_session_and_a_known_completion(server):
-    thread, _ = server
+    thread, _, _ = server
     session = GatewayClient(thread.url, ADMIN_KEY).start_session("acme")
     with pytest.raises(ApiError) as missing:
         session.event("tool", "x", interaction_id=f"chatcmpl-{session.session_id}-abcdefghijkl")
