@@ -41,7 +41,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sao_jax.losses import get_policy_loss, masked_token_mean
+from sao_jax.losses import (
+    adaptive_lambda,
+    get_policy_loss,
+    linked_gae,
+    masked_token_mean,
+    masked_whiten,
+    trajectory_action_counts,
+)
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import advantages as adv_lib
 from sao_jax.train import objectives
@@ -190,18 +197,19 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 gamma=config.gamma,
             )
             if config.policy_lam is None:
-                lam = adv_lib.adaptive_row_lambda(mask, batch["traj_index"], config.lam_alpha)
+                lengths = trajectory_action_counts(mask, batch["traj_index"])
+                lam = adaptive_lambda(lengths, config.lam_alpha)
             else:
                 lam = jnp.full(valid.shape, config.policy_lam, jnp.float32)
-            advantages, _ = adv_lib.linked_gae(**link, lam=lam)
+            advantages, _ = linked_gae(**link, lam=lam)
             if config.critic_lam == 1.0:
                 # lambda = 1 returns are the discounted reward-to-go whatever V is; computing
                 # them without V keeps them exact (A + V would carry V's rounding).
-                _, returns = adv_lib.linked_gae(**dict(link, values=jnp.zeros_like(values)))
+                _, returns = linked_gae(**dict(link, values=jnp.zeros_like(values)))
             else:
-                _, returns = adv_lib.linked_gae(**link, lam=config.critic_lam)
+                _, returns = linked_gae(**link, lam=config.critic_lam)
             if config.normalize_advantages:
-                advantages = adv_lib.whiten(advantages, mask)
+                advantages = masked_whiten(advantages, mask)
             out.update(values=values, returns=returns)
             stats["policy_lambda"] = _row_mean(lam, valid)
         else:
@@ -291,7 +299,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             # Monte-Carlo targets (lambda = 1, V-free) whatever `critic_lam` is: the fit is
             # what the critic starts from, before any value it could bootstrap from exists.
             mask = objectives.action_mask(batch)
-            _, returns = adv_lib.linked_gae(
+            _, returns = linked_gae(
                 rewards=batch["rewards"],
                 values=jnp.zeros_like(mask),
                 mask=mask,
@@ -324,7 +332,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         """One critic step on V-free returns: (params, opt state, metrics, skipped, the values
         [R, T] its forward pass computed before the update)."""
         mask = objectives.action_mask(batch)
-        _, returns = adv_lib.linked_gae(
+        _, returns = linked_gae(
             rewards=batch["rewards"],
             values=jnp.zeros_like(mask),
             mask=mask,
