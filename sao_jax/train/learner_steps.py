@@ -154,10 +154,6 @@ def _build(spec: StepSpec) -> dict[str, Any]:
     policy_optimizer = make_optimizer(config.policy_optimizer)
     policy_loss = policy_loss_fn(config)
     capacity = spec.action_capacity
-    aux_weights = {
-        "load_balance_weight": config.load_balance_loss_weight,
-        "z_weight": config.router_z_loss_weight,
-    }
     opd = None
     if algorithm.opd:
         opd = {
@@ -245,7 +241,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 chunk_size=config.logprob_chunk_size,
                 opd=opd,
                 action_capacity=capacity,
-                **aux_weights,
+                moe_aux=config.moe,
             )
 
         return guarded_update(loss_fn, policy_optimizer, params, opt_state)
@@ -282,7 +278,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                     old_values,
                     value_clip=config.value_clip,
                     action_capacity=capacity,
-                    **aux_weights,
+                    moe_aux=config.moe,
                     **kw,
                 )
 
