@@ -168,8 +168,8 @@ class _Splitter:
             return found[0], False
         if name.startswith("no_"):
             found = find_leaf(name[3:], self.by_key)
-            if found is not None and found[1] is not None and found[1].is_bool:
-                return found[0], True
+            if found is not None:
+                return found[0], True  # `_option` refuses it unless the field is a bool
         return None, False
 
     @staticmethod

@@ -244,7 +244,7 @@ def structured(config: Any) -> Any:
 def unknown_key(key: str, config: Any, what: str) -> ConfigError:
     """An error naming `key`, the closest valid keys and every valid key."""
     keys = [leaf.name for leaf in leaves(config)]
-    close = difflib.get_close_matches(normal_key(key), keys, n=3, cutoff=0.8)
+    close = difflib.get_close_matches(normal_key(key), keys, n=3, cutoff=0.7)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return ConfigError(f"{what}: unknown key {key!r}.{hint}\nValid keys: {', '.join(keys)}")
 
