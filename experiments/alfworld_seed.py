@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from atdp_io import lineage
-from experiments import alfworld_run as phases
 from experiments import alfworld_sao
-from experiments.alfworld_sao import ExperimentConfig
-from experiments.alfworld_warm_start import relabel_all
 from sao_jax.config_cli import parse_cli
 from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics, save_summary
+from sao_jax.pipeline import rl as phases
+from sao_jax.pipeline.config import ExperimentConfig
+from sao_jax.pipeline.warm_start import relabel_all
 from sao_jax.rollout import WeightPublisher
 from sao_jax.seed import SeedLearner, label_and_store, make_analyzer, write_skills
 from sao_jax.seed.config import SeedConfig

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from atdp_io import AtdpStore
-from experiments import alfworld_run, alfworld_sao, launch_tpu
+from experiments import alfworld_sao, launch_tpu
 from sao_jax.checkpoint import Checkpointer
 from sao_jax.distributed import DcnMeshConfig, Job, ProcessInfo
 from sao_jax.distributed.local_launch import launch_local
 from sao_jax.metrics import read_metrics
 from sao_jax.models import get_model_config
+from sao_jax.pipeline import rl as alfworld_run
 from sao_jax.sharding import MeshConfig
 
 REPO = Path(__file__).parents[2]

@@ -16,13 +16,13 @@ import pytest
 from atdp_io import AtdpStore, EventKind
 from atdp_io.rows import pack_batch, trajectory_rows
 from experiments import online_sao
-from experiments.alfworld_run import WARM_START_DIR, build_model, build_tokenizer
-from experiments.online_agent import AgentConfig
-from experiments.online_serving import AgentError, AgentFleet
 from sao_jax.checkpoint import Checkpointer
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
 from sao_jax.metrics import read_metrics
+from sao_jax.pipeline.online_agent import AgentConfig
+from sao_jax.pipeline.online_serving import AgentError, AgentFleet
+from sao_jax.pipeline.rl import WARM_START_DIR, build_model, build_tokenizer
 from sao_jax.train import Learner
 from serving.proxy.responses import split_reasoning
 
@@ -206,7 +206,7 @@ def test_bad_config_exits_with_a_message_naming_the_problem(tmp_path, capsys):
 def _agent(*args, env=None, timeout=60):
     env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "experiments.online_agent", *args],
+        [sys.executable, "-m", "sao_jax.pipeline.online_agent", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""What every phase of an ALFWorld RL run shares (`experiments.alfworld_run`): the config
+"""What every phase of an ALFWorld RL run shares (`sao_jax.pipeline.rl`): the config
 resolved, the tokenizer and model built, the ATDP store, checkpoints, samplers and engines, and
 where each process of a multi-process job differs (its tenants, share of episodes, seeds,
 rollout mesh).
@@ -20,8 +20,6 @@ from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from atdp_io.retention import PurgeSchedule
 from atdp_io.trained_on import TrainedOn
-from experiments.alfworld_lengths import sized_config
-from experiments.alfworld_sao import ExperimentConfig
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
 from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.distributed.job import Job, setup_job
@@ -29,6 +27,8 @@ from sao_jax.distributed.mesh import make_global_mesh
 from sao_jax.distributed.resharding import reshard, rollout_shardings
 from sao_jax.envs.alfworld import vocabulary
 from sao_jax.models import Transformer, get_model_config, init_model, load_hf_qwen3_moe
+from sao_jax.pipeline.config import ExperimentConfig
+from sao_jax.pipeline.lengths import sized_config
 from sao_jax.rollout import (
     EngineConfig,
     RolloutEngine,

@@ -29,7 +29,10 @@ from atdp_io import (
     lineage,
 )
 from atdp_io.rows import pack_batch
-from experiments.alfworld_lengths import (  # noqa: F401  (re-exported: the phase's checks)
+from sao_jax.distributed.host_sync import allgather_numbers
+from sao_jax.envs.alfworld import SPLITS, AlfworldEnv
+from sao_jax.metrics import MetricsWriter, ProgressBar
+from sao_jax.pipeline.lengths import (  # noqa: F401  (re-exported: the phase's checks)
     DEMOS,
     DemoLengths,
     SequenceLengthError,
@@ -37,16 +40,13 @@ from experiments.alfworld_lengths import (  # noqa: F401  (re-exported: the phas
     measure_demonstrations,
     stored_demo_lengths,
 )
-from sao_jax.distributed.host_sync import allgather_numbers
-from sao_jax.envs.alfworld import SPLITS, AlfworldEnv
-from sao_jax.metrics import MetricsWriter, ProgressBar
 from sao_jax.rollout import collect_expert_demos, expert_reply
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.tokenizers.chat_template import IM_END
 from sao_jax.train import BehaviourCloner
 
 if TYPE_CHECKING:
-    from experiments.alfworld_setup import Run
+    from sao_jax.pipeline.setup import Run
 
 DAGGER = "dagger"
 EXPERT_MODEL_ID = "alfworld-expert-relabel"

@@ -21,7 +21,7 @@ from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos
 from sao_jax.tokenizers import Tokenizer
 
 if TYPE_CHECKING:
-    from experiments.alfworld_sao import ExperimentConfig
+    from sao_jax.pipeline.config import ExperimentConfig
 
 DEMOS = "demos"
 

@@ -11,19 +11,6 @@ import dataclasses
 import time
 
 from atdp_io.trained_on import TrainedOn
-from experiments.alfworld_sao import SPLITS, ExperimentConfig
-from experiments.alfworld_setup import (
-    _SAMPLERS,
-    ROLLOUTS,
-    WARM_START_DIR,
-    WARMUP,
-    Run,
-    build_model,
-    build_tokenizer,
-    resolve,
-    scalars,
-)
-from experiments.alfworld_warm_start import clone_expert
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
 from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.distributed.job import setup_job
@@ -36,6 +23,19 @@ from sao_jax.metrics import (
     save_summary,
     summary_table,
 )
+from sao_jax.pipeline.config import SPLITS, ExperimentConfig
+from sao_jax.pipeline.setup import (
+    _SAMPLERS,
+    ROLLOUTS,
+    WARM_START_DIR,
+    WARMUP,
+    Run,
+    build_model,
+    build_tokenizer,
+    resolve,
+    scalars,
+)
+from sao_jax.pipeline.warm_start import clone_expert
 from sao_jax.rollout import EvalResult, Sampler, WeightPublisher, evaluate
 from sao_jax.train import Learner
 from sao_jax.train.loop import OnlineTrainer

@@ -1,6 +1,6 @@
 """An ALFWorld agent that knows nothing of the learner: it only talks to an OpenAI endpoint.
 
-    SAO_ADMIN_KEY=... python -m experiments.online_agent --url http://127.0.0.1:8000 \
+    SAO_ADMIN_KEY=... python -m sao_jax.pipeline.online_agent --url http://127.0.0.1:8000 \
         --tenant online --concurrency 8 --log agent/episodes.jsonl --stats agent/stats.json
 
 Each of `--concurrency` threads plays ALFWorld games one after another. A game is one gateway
@@ -318,7 +318,7 @@ def _watch_parent(agent: Agent, parent: int) -> None:
 
 def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, argparse.Namespace]:
     """Flags generated from `AgentConfig` (+ --log, --stats); bad values exit 2 naming them."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.online_agent", description=(
+    parser = argparse.ArgumentParser(prog="python -m sao_jax.pipeline.online_agent", description=(
         __doc__ or "").split("\n")[0])  # fmt: skip
     for field in dataclasses.fields(AgentConfig):
         flag = "--" + field.name.replace("_", "-")

@@ -1,6 +1,6 @@
 """The phases of `experiments.online_sao`: warm start, evaluate, learn from live traffic, evaluate.
 
-Warm start, evaluation, checkpoints and the summary are `experiments.alfworld_run`'s; only the
+Warm start, evaluation, checkpoints and the summary are `sao_jax.pipeline.rl`'s; only the
 online phase differs: instead of the rollout engine, a live server (`OnlineServer`) and an
 agent process (`AgentFleet`) produce the ATDP trajectories the learner's stream reads.
 """
@@ -10,7 +10,17 @@ from __future__ import annotations
 import contextlib
 import time
 
-from experiments.alfworld_run import (
+from sao_jax.metrics import (
+    MetricsWriter,
+    ProgressBar,
+    plot_learning_curves,
+    read_metrics,
+    save_summary,
+)
+from sao_jax.pipeline.online_agent import AgentConfig
+from sao_jax.pipeline.online_config import OnlineConfig
+from sao_jax.pipeline.online_serving import AgentFinished, AgentFleet, OnlineServer
+from sao_jax.pipeline.rl import (
     CURVE_KEYS,
     Run,
     budget_left,
@@ -20,16 +30,6 @@ from experiments.alfworld_run import (
     restore,
     summarize,
     warm_start,
-)
-from experiments.online_agent import AgentConfig
-from experiments.online_sao import OnlineConfig
-from experiments.online_serving import AgentFinished, AgentFleet, OnlineServer
-from sao_jax.metrics import (
-    MetricsWriter,
-    ProgressBar,
-    plot_learning_curves,
-    read_metrics,
-    save_summary,
 )
 from sao_jax.rollout import WeightPublisher
 from sao_jax.train import Learner

@@ -11,9 +11,9 @@ import pytest
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments import alfworld_sao
-from experiments.alfworld_lengths import size_sequences
-from experiments.alfworld_run import build_tokenizer
-from experiments.alfworld_warm_start import (
+from sao_jax.pipeline.lengths import size_sequences
+from sao_jax.pipeline.rl import build_tokenizer
+from sao_jax.pipeline.warm_start import (
     DEMOS,
     SequenceLengthError,
     check_sequence_lengths,

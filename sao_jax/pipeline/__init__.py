@@ -1,0 +1,1 @@
+"""The training job as a library: warm start, critic warm-up, RL, evaluation, checkpoints."""
