@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
     bench = parse_cli(argv, {"default": BenchConfig()}, prog="sao_async_vs_sync.py", save=False)
     from experiments.alfworld_sao import PRESETS
     from sao_jax.metrics import summary_table
-    from sao_jax.pipeline.rl import run
+    from sao_jax.pipeline.job import run
 
     out = Path(bench.out_dir)
     shutil.rmtree(out, ignore_errors=True)

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from error
     config = parse(argv)
-    from sao_jax.pipeline.rl import run  # heavy imports once the command line is valid
+    from sao_jax.pipeline.job import run  # heavy imports once the command line is valid
 
     return run(check_lengths(config), distributed=distributed)
 

@@ -185,7 +185,7 @@ class AgentFleet:
             return
         env = {**os.environ, ADMIN_KEY_ENV: self.admin_key}
         env.pop("XLA_FLAGS", None)  # the agent never imports JAX
-        repo = str(Path(__file__).resolve().parents[1])
+        repo = str(Path(__file__).resolve().parents[2])  # the folder holding `sao_jax`
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
         with open(self.stderr_path, "ab") as stderr:
             self.process = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""What every phase of an ALFWorld RL run shares (`sao_jax.pipeline.rl`): the config
+"""What every phase of a job shares (`sao_jax.pipeline.job`): the config
 resolved, the tokenizer and model built, the ATDP store, checkpoints, samplers and engines, and
 where each process of a multi-process job differs (its tenants, share of episodes, seeds,
 rollout mesh).

@@ -22,7 +22,7 @@ from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.online_agent import AgentConfig
 from sao_jax.pipeline.online_serving import AgentError, AgentFleet
-from sao_jax.pipeline.rl import WARM_START_DIR, build_model, build_tokenizer
+from sao_jax.pipeline.setup import WARM_START_DIR, build_model, build_tokenizer
 from sao_jax.train import Learner
 from serving.proxy.responses import split_reasoning
 

@@ -11,15 +11,15 @@ import pytest
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments import alfworld_sao
-from sao_jax.pipeline.lengths import size_sequences
-from sao_jax.pipeline.rl import build_tokenizer
-from sao_jax.pipeline.warm_start import (
+from sao_jax.pipeline.lengths import (
     DEMOS,
     SequenceLengthError,
     check_sequence_lengths,
     measure_demonstrations,
+    size_sequences,
     stored_demo_lengths,
 )
+from sao_jax.pipeline.setup import build_tokenizer
 from sao_jax.rollout import collect_expert_demos
 
 ONE_SHARD = grain.sharding.ShardOptions(shard_index=0, shard_count=1)
