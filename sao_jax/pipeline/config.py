@@ -12,8 +12,6 @@ from sao_jax.distributed.job import MeshSpec
 from sao_jax.rollout import EnvConfig, RolloutConfig
 from sao_jax.train import LearnerConfig, OptimizerConfig
 
-SPLITS = ("valid_seen", "valid_unseen")
-
 
 @dataclasses.dataclass
 class ModelSpec:
@@ -162,17 +160,22 @@ class RLSpec:
 
 @dataclasses.dataclass
 class EvalSpec:
-    """Greedy evaluation on valid_seen and valid_unseen.
+    """Greedy evaluation before and after RL on the env's evaluation splits.
 
     Attributes:
-      num_games: games per split (None: the whole split, 140 / 134).
+      num_games: games per split (None: the whole split; ALFWorld's valid_seen / valid_unseen
+        hold 140 / 134).
       num_envs: games played at once.
-      every_policy_steps: also evaluate valid_unseen every this many policy steps (0: never).
+      every_policy_steps: also evaluate the last split (the held-out one: ALFWorld's
+        valid_unseen) every this many policy steps (0: never).
+      splits: the splits evaluated, held-out last (empty: every split of the env other than
+        the one it trains on, in the env's order: ALFWorld's valid_seen, valid_unseen).
     """
 
     num_games: int | None = None
     num_envs: int = 64
     every_policy_steps: int = 0
+    splits: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass

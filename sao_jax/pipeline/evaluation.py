@@ -11,22 +11,22 @@ import time
 
 from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.metrics import MetricsWriter
-from sao_jax.pipeline.config import SPLITS
 from sao_jax.pipeline.setup import Run
 from sao_jax.rollout import EvalResult, Sampler, WeightPublisher, evaluate
 from sao_jax.train import Learner
 
 
 def evaluate_policy(
-    run: Run, log: MetricsWriter, policy, version: int, tag: str, splits=SPLITS
+    run: Run, log: MetricsWriter, policy, version: int, tag: str, splits=None
 ) -> dict:
-    """Greedy success on each split (overall and per task type), logged at the current step.
+    """Greedy success on each split (default: `run.eval_splits`; overall and per task type),
+    logged at the current step.
 
     Uses worker 0's sampler, so it must not run while the engine plays (see `PeriodicEval`).
     """
     sampler = run.sampler(0)
     sampler.update_weights(run.local_copy(policy), version)
-    return evaluate_with(run, log, sampler, tag, splits)
+    return evaluate_with(run, log, sampler, tag, run.eval_splits if splits is None else splits)
 
 
 def evaluate_with(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, splits) -> dict:
@@ -64,8 +64,9 @@ def evaluate_with(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, spli
 
 
 class PeriodicEval:
-    """valid_unseen every `eval.every_policy_steps` during RL, on its own sampler (worker 0's
-    is busy playing), with the weights just published (already on the rollout mesh)."""
+    """The held-out split (the last of `run.eval_splits`) every `eval.every_policy_steps`
+    during RL, on its own sampler (worker 0's is busy playing), with the weights just published
+    (already on the rollout mesh)."""
 
     def __init__(self, run: Run, log: MetricsWriter, publisher: WeightPublisher):
         self.run, self.log, self.publisher = run, log, publisher
@@ -80,4 +81,5 @@ class PeriodicEval:
         snapshot = self.publisher.latest()
         sampler = self.run.sampler(-1)
         sampler.update_weights(snapshot.params, snapshot.version)
-        evaluate_with(self.run, self.log, sampler, f"policy_step_{version}", ("valid_unseen",))
+        heldout = self.run.eval_splits[-1:]
+        evaluate_with(self.run, self.log, sampler, f"policy_step_{version}", heldout)

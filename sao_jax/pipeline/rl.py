@@ -3,7 +3,7 @@
 Online RL: rollout engine -> ATDP (this process's `rollouts` tenant) -> loader stream ->
 learner -> `WeightPublisher` -> the engine's samplers; checkpoints every
 `checkpoint_every` policy steps carry the stream's position (`checkpoints`), and
-`eval.every_policy_steps` evaluates valid_unseen on the way (`evaluation.PeriodicEval`).
+`eval.every_policy_steps` evaluates the held-out split on the way (`evaluation.PeriodicEval`).
 """
 
 from __future__ import annotations

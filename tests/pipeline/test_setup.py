@@ -39,3 +39,13 @@ def test_a_job_without_a_multi_process_path_refuses_one_through_its_hook(tmp_pat
     with pytest.raises(NotImplementedError, match=r"joined 2 processes"):
         SeedJob(with_seed(config, SeedConfig()))
     assert not (tmp_path / "out" / "atdp").exists()
+
+
+def test_evaluation_splits_default_to_the_envs_and_unknown_ones_are_refused_first(tmp_path):
+    out = tmp_path / "out"
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(out)])
+    assert pipeline_setup.evaluation_splits(config) == ("valid_seen", "valid_unseen")
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(out), "eval.splits=[nope]"])
+    with pytest.raises(ValueError, match=r"eval.splits must name splits of the env.*nope"):
+        pipeline_setup.Run(config)
+    assert not (out / "atdp").exists() and not (out / "checkpoints").exists()
