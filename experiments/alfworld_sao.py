@@ -15,12 +15,8 @@ through the loader. Outputs: `DIR/metrics.jsonl` + `DIR/tensorboard/`, `DIR/chec
 from __future__ import annotations
 
 import dataclasses
-import sys
-import time
-from pathlib import Path
 
-from sao_jax.config_cli import parse_cli
-from sao_jax.distributed.runtime import split_flags
+from sao_jax.pipeline import cli
 from sao_jax.pipeline.config import (
     EvalSpec,
     ExperimentConfig,
@@ -30,6 +26,8 @@ from sao_jax.pipeline.config import (
 )
 from sao_jax.rollout import EnvConfig, RolloutConfig
 from sao_jax.train import LearnerConfig, OptimizerConfig
+
+PROG, TITLE = "python -m experiments.alfworld_sao", __doc__.split("\n")[0]
 
 
 def tiny() -> ExperimentConfig:
@@ -121,58 +119,14 @@ PRESETS = {"tiny": tiny(), "small": small(), "micro": micro()}
 
 
 def parse(argv: list[str] | None = None) -> ExperimentConfig:
-    """The run's config from the command line; `out_dir` defaults to a fresh timestamped dir
-    (written into DIR/config.yaml so `--resume` finds it)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    has_out = any(a == "--out" or a.startswith("--out=") for a in argv)
-    if not has_out and not any(a in ("-h", "--help") for a in argv):
-        argv = ["--out", str(Path("runs/alfworld_sao") / time.strftime("%Y%m%d-%H%M%S")), *argv]
-    return parse_cli(
-        argv, PRESETS, prog="python -m experiments.alfworld_sao", description=__doc__.split("\n")[0]
-    )
+    """The run's config from the command line (`sao_jax.pipeline.cli.parse`)."""
+    return cli.parse(argv, PRESETS, prog=PROG, runs_dir="runs/alfworld_sao", description=TITLE)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Parse the command line, run, print the summary table; returns the summary.
-
-    `--coordinator_address`, `--num_processes`, `--process_id` (or `SAO_*` variables) join a
-    multi-process job (`sao_jax.distributed`)."""
-    try:
-        distributed, argv = split_flags(sys.argv[1:] if argv is None else argv)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from error
-    config = parse(argv)
-    from sao_jax.pipeline.job import run  # heavy imports once the command line is valid
-
-    return run(check_lengths(config), distributed=distributed)
-
-
-def check_lengths(config: ExperimentConfig) -> ExperimentConfig:
-    """`config` with every `seq_len` left at 0 sized to the prompts `rollout` builds
-    (`history_length`, `layout`, `think`), measured on expert games in a few seconds. Exits 2
-    when the batches (`warm_start.seq_len` / `rows`, `rl.seq_len` / `rows`) fit none of them:
-    such a run would drop every episode and wait forever. Prints a warning for a phase that
-    drops only some."""
-    from sao_jax.pipeline.lengths import (
-        check_sequence_lengths,
-        measure_demonstrations,
-        size_sequences,
-    )
-    from sao_jax.pipeline.setup import build_tokenizer
-
-    try:
-        lengths = measure_demonstrations(
-            build_tokenizer(config), config.rollout, config.env, num_episodes=512
-        )
-        config = size_sequences(config, lengths)
-        warnings = check_sequence_lengths(config, lengths)
-    except ValueError as error:  # SequenceLengthError, or a prompt past max_context_tokens
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from error
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return config
+    """Parse the command line, run, print the summary table; returns the summary
+    (`sao_jax.pipeline.cli.main`: multi-process flags join a job)."""
+    return cli.main(argv, PRESETS, prog=PROG, runs_dir="runs/alfworld_sao", description=TITLE)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,12 @@ tenant: `python -m sao_jax.seed inspect DIR/atdp`.
 
 from __future__ import annotations
 
-import sys
-import time
-from pathlib import Path
-
 from experiments import alfworld_sao
-from sao_jax.config_cli import parse_cli
-from sao_jax.pipeline.seed import SeedExperimentConfig, with_seed
+from sao_jax.pipeline import cli
+from sao_jax.pipeline.seed import with_seed
 from sao_jax.seed.config import SeedConfig
 
+TITLE = __doc__.split("\n")[0]
 PRESETS = {
     "tiny": with_seed(alfworld_sao.tiny(), SeedConfig()),
     "small": with_seed(alfworld_sao.small(), SeedConfig(sft_episodes=256, sft_steps=200)),
@@ -37,17 +34,14 @@ PRESETS = {
 }
 
 
-def parse(argv: list[str] | None = None) -> SeedExperimentConfig:
-    """The run's config from the command line (`out_dir` defaults to a timestamped dir)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    has_out = any(a == "--out" or a.startswith("--out=") for a in argv)
-    if not has_out and not any(a in ("-h", "--help") for a in argv):
-        argv = ["--out", str(Path("runs/alfworld_seed") / time.strftime("%Y%m%d-%H%M%S")), *argv]
-    return parse_cli(
+def parse(argv: list[str] | None = None):
+    """The run's config from the command line (`sao_jax.pipeline.cli.parse`)."""
+    return cli.parse(
         argv,
         PRESETS,
         prog="python -m experiments.alfworld_seed",
-        description=__doc__.split("\n")[0],
+        runs_dir="runs/alfworld_seed",
+        description=TITLE,
     )
 
 

@@ -22,11 +22,9 @@ import dataclasses
 import signal
 import sys
 import threading
-import time
-from pathlib import Path
 
 from experiments import alfworld_sao
-from sao_jax.config_cli import parse_cli
+from sao_jax.pipeline import cli
 from sao_jax.pipeline.config import EvalSpec
 from sao_jax.pipeline.online_config import AgentSpec, OnlineConfig, OnlineSpec, ServingSpec
 
@@ -65,17 +63,18 @@ def micro() -> OnlineConfig:
     )
 
 
+TITLE = __doc__.split("\n")[0]
 PRESETS = {"tiny": tiny(), "micro": micro()}
 
 
-def parse(argv: list[str] | None = None) -> OnlineConfig:
-    """The run's config from the command line (`out_dir` defaults to a timestamped dir)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    has_out = any(a == "--out" or a.startswith("--out=") for a in argv)
-    if not has_out and not any(a in ("-h", "--help") for a in argv):
-        argv = ["--out", str(Path("runs/online_sao") / time.strftime("%Y%m%d-%H%M%S")), *argv]
-    return parse_cli(
-        argv, PRESETS, prog="python -m experiments.online_sao", description=__doc__.split("\n")[0]
+def parse(argv: list[str] | None = None):
+    """The run's config from the command line (`sao_jax.pipeline.cli.parse`)."""
+    return cli.parse(
+        argv,
+        PRESETS,
+        prog="python -m experiments.online_sao",
+        runs_dir="runs/online_sao",
+        description=TITLE,
     )
 
 
