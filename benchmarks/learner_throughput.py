@@ -152,7 +152,7 @@ def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
 def main(argv: list[str]) -> None:
     config = parse_cli(argv, {"default": BenchConfig()}, prog="learner_throughput.py", save=False)
     from experiments.alfworld_sao import tiny
-    from experiments.alfworld_setup import build_model, build_tokenizer
+    from sao_jax.pipeline.setup import build_model, build_tokenizer
     from sao_jax.train import objectives
     from sao_jax.train.learner import Learner
 

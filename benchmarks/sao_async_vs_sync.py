@@ -53,9 +53,9 @@ class BenchConfig:
 
 def main(argv: list[str]) -> None:
     bench = parse_cli(argv, {"default": BenchConfig()}, prog="sao_async_vs_sync.py", save=False)
-    from experiments.alfworld_run import run
     from experiments.alfworld_sao import PRESETS
     from sao_jax.metrics import summary_table
+    from sao_jax.pipeline.job import run
 
     out = Path(bench.out_dir)
     shutil.rmtree(out, ignore_errors=True)
