@@ -113,9 +113,10 @@ def learner_steps(spec: StepSpec) -> dict[str, Any]:
 
 
 def policy_loss_fn(config: LearnerConfig):
-    """The algorithm's policy objective with the config's clip ranges bound."""
+    """The algorithm's policy objective with the ratio bounds it names (`Algorithm.ratio_bounds`)
+    bound."""
     algorithm = get_algorithm(config.algorithm)
-    if algorithm.policy_loss in ("sao", "grpo_dis"):
+    if algorithm.ratio_bounds == "dis":
         bounds = {"eps_low": config.eps_low, "eps_high": config.eps_high}
     else:
         bounds = {"eps_low": config.clip_eps_low, "eps_high": config.clip_eps_high}
