@@ -22,7 +22,6 @@ from sao_jax.distributed.resharding import (
 from sao_jax.distributed.runtime import (
     DistributedConfig,
     ProcessInfo,
-    add_flags,
     barrier,
     initialization_mode,
     initialize,
@@ -41,7 +40,6 @@ __all__ = [
     "Job",
     "MeshSpec",
     "ProcessInfo",
-    "add_flags",
     "barrier",
     "describe_mesh",
     "disaggregated_meshes",
