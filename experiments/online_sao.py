@@ -11,7 +11,7 @@ loopback port); an ALFWorld agent in a separate process (`experiments.online_age
 through the official `openai` client and posts rewards on `/rl`; the data proxy records every
 call into `DIR/atdp` (tenant `agent.tenant`); the SAO learner reads that live buffer with the
 ATDP loader's stream (staleness filtered by policy version) and publishes each update, which
-the worker swaps in (`worker.follow(publisher)`). The first `learner.critic_warmup_steps`
+the worker swaps in (`worker.follow(publisher)`). The first `learner.critic.warmup_steps`
 iterations train only the critic, on served data too. Outputs as `alfworld_sao`, plus
 `DIR/agent/` (episodes.jsonl, stats.json, stderr.log) and serving figures in summary.json.
 """
@@ -175,13 +175,13 @@ class OnlineConfig:
             # version 0 must serve every warm-up batch and the first policy batch, plus the
             # games in flight, before the first update raises the worker's capacity
             capacity = (self.serving.max_staleness + 1) * self.serving.staleness_batch_size
-            needed = self.online.rows * (self.learner.critic_warmup_steps + 1)
+            needed = self.online.rows * (self.learner.critic.warmup_steps + 1)
             needed += self.agent.concurrency * self.env.max_steps
             if capacity < needed:
                 raise ValueError(
                     f"serving.max_staleness: (max_staleness + 1) x staleness_batch_size = "
                     f"{capacity} calls is below the {needed} the learner needs before its first "
-                    "update (online.rows x (learner.critic_warmup_steps + 1) + agent.concurrency "
+                    "update (online.rows x (learner.critic.warmup_steps + 1) + agent.concurrency "
                     "x env.max_steps): the agent would wait on 429s forever"
                 )
         if self.rollout.max_new_tokens + 16 > self.online.seq_len:
@@ -221,7 +221,9 @@ def micro() -> OnlineConfig:
         model=base.model,
         rollout=base.rollout,
         env=base.env,
-        learner=dataclasses.replace(base.learner, critic_warmup_steps=0),
+        learner=dataclasses.replace(
+            base.learner, critic=dataclasses.replace(base.learner.critic, warmup_steps=0)
+        ),
         warm_start=dataclasses.replace(base.warm_start, demo_episodes=4, steps=2, dagger_rounds=0),
         serving=ServingSpec(num_slots=4, decode_steps=4, max_prefill_batch=1),  # few compiles
         agent=AgentSpec(concurrency=4, stop_timeout_s=20.0),

@@ -35,7 +35,7 @@ class Algorithm:
         "old_policy" (the learner's own log-probs at the start of the iteration, PPO).
       uses_critic: trains a critic (needed by "gae").
       label: human-readable name for tables and plots.
-      opd: adds SEED's self-distillation term `opd_lambda * seed_opd_loss` to the policy loss;
+      opd: adds SEED's self-distillation term `opd.weight * seed_opd_loss` to the policy loss;
         batches must then carry `skill_logp` [R, T] (see `sao_jax.seed`).
     """
 

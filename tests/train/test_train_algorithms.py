@@ -2,11 +2,11 @@
 
 import pytest
 
-from sao_jax.train import LearnerConfig
+from sao_jax.train import ClipConfig, DisConfig, LearnerConfig
 from sao_jax.train.algorithms import ALGORITHMS, Algorithm, get_algorithm, register_algorithm
 from sao_jax.train.learner_steps import policy_loss_fn
 
-CONFIG = {"eps_low": 0.31, "eps_high": 4.5, "clip_eps_low": 0.11, "clip_eps_high": 0.13}
+CONFIG = {"dis": DisConfig(0.31, 4.5), "clip": ClipConfig(0.11, 0.13)}
 
 
 @pytest.mark.parametrize(
