@@ -17,11 +17,14 @@ from sao_jax.losses.ppo import CLIP_EPS_HIGH, CLIP_EPS_LOW
 from sao_jax.losses.sao import DIS_EPS_HIGH, DIS_EPS_LOW
 from sao_jax.losses.seed import OPD_BETA, OPD_MODES
 from sao_jax.models.config import MoeAuxConfig
+from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.train.algorithms import get_algorithm
 
 # Paths are "/"-joined nnx paths: `embed/embedding`, `layers/0/attn/q_proj/kernel`,
 # `layers/0/moe/experts/gate_proj`, `layers/1/mlp/up_proj/kernel`, `value_head/kernel`.
 ALL_PARAMETERS: tuple[str, ...] = (".*",)
+# Packed row counts are this multiple times 1, 2, 3, 4, 6, 8, ... (`packing.bucket_rows`).
+PACK_ROW_MULTIPLE = 8
 # SAO's critic: attention (and embeddings / norms) frozen, MoE / MLP projections + head train.
 CRITIC_FFN_AND_HEAD: tuple[str, ...] = (r"(^|/)(moe|mlp)/", r"^value_head/")
 
@@ -276,11 +279,11 @@ class LearnerConfig:
     moe: MoeAuxConfig = dataclasses.field(default_factory=MoeAuxConfig)
     entropy_coef: float = 0.0
     reset_optimizer_on_sync: bool = False
-    logprob_chunk_size: int = 256
+    logprob_chunk_size: int = LOGPROB_CHUNK
     head_positions: str = "actions"
     max_action_tokens_per_row: int | None = None
     pack_rows: bool = True
-    pack_row_multiple: int = 8
+    pack_row_multiple: int = PACK_ROW_MULTIPLE
     fused_iteration: bool = True
 
     def __post_init__(self):

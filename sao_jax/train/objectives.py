@@ -31,7 +31,7 @@ from flax import struct
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
 from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
-from sao_jax.models.logprobs import scatter_positions, take_positions
+from sao_jax.models.logprobs import LOGPROB_CHUNK, scatter_positions, take_positions
 from sao_jax.train.config import OpdConfig
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
 from sao_jax.train.steps import SAMPLING_KEYS
@@ -116,7 +116,7 @@ def policy_logprobs(
     policy: Transformer,
     batch: Batch,
     *,
-    chunk_size: int = 256,
+    chunk_size: int = LOGPROB_CHUNK,
     action_capacity: int | None = None,
 ) -> tuple[jax.Array, jax.Array, MoeAux]:
     """(logp [R, T], entropy [R, T], MoE aux): log pi(token t | tokens < t) at temperature 1.
