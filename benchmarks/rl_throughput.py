@@ -108,7 +108,9 @@ def experiment_config(setting: str, bench: BenchConfig, out: Path):
         out_dir=str(out),
         seed=bench.seed,
         rollout=rollout,
-        learner=dataclasses.replace(learner, critic_warmup_steps=0),
+        learner=dataclasses.replace(
+            learner, critic=dataclasses.replace(learner.critic, warmup_steps=0)
+        ),
         rl=dataclasses.replace(rl, envs_per_worker=bench.envs_per_worker),
         progress=False,
         tensorboard=False,

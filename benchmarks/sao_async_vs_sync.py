@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
         "progress=false",
         "tensorboard=false",
         "eval.num_games=2",
-        "learner.critic_warmup_steps=0",
+        "learner.critic.warmup_steps=0",
         f"warm_start.steps={bench.warm_start_steps}",
         "warm_start.dagger_rounds=0",
         *bench.overrides,

@@ -25,7 +25,7 @@ from sao_jax.pipeline.config import (
     WarmStartSpec,
 )
 from sao_jax.rollout import EnvConfig, RolloutConfig
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import CriticConfig, LearnerConfig, OptimizerConfig
 
 PROG, TITLE = "python -m experiments.alfworld_sao", __doc__.split("\n")[0]
 
@@ -61,7 +61,7 @@ def tiny() -> ExperimentConfig:
         learner=LearnerConfig(
             policy_optimizer=OptimizerConfig(learning_rate=1e-4),
             critic_optimizer=OptimizerConfig(learning_rate=1e-3),
-            critic_warmup_steps=6,
+            critic=CriticConfig(warmup_steps=6),
         ),
         warm_start=WarmStartSpec(demo_episodes=2000, epochs=2.0, rows=32, seq_len=0),
         rl=RLSpec(
@@ -101,7 +101,9 @@ def micro() -> ExperimentConfig:
         model=dataclasses.replace(config.model, d_model=32, head_dim=8, moe_intermediate_size=32),
         rollout=dataclasses.replace(config.rollout, max_context_tokens=320),
         env=EnvConfig(size="small", max_steps=4),
-        learner=dataclasses.replace(config.learner, critic_warmup_steps=1),
+        learner=dataclasses.replace(
+            config.learner, critic=dataclasses.replace(config.learner.critic, warmup_steps=1)
+        ),
         warm_start=dataclasses.replace(
             config.warm_start, demo_episodes=8, heldout_episodes=4, steps=2, epochs=0.0, rows=16,
             dagger_rounds=1, dagger_episodes=2, dagger_steps=1,

@@ -11,7 +11,7 @@ loopback port); an ALFWorld agent in a separate process (`sao_jax.pipeline.onlin
 through the official `openai` client and posts rewards on `/rl`; the data proxy records every
 call into `DIR/atdp` (tenant `agent.tenant`); the SAO learner reads that live buffer with the
 ATDP loader's stream (staleness filtered by policy version) and publishes each update, which
-the worker swaps in (`worker.follow(publisher)`). The first `learner.critic_warmup_steps`
+the worker swaps in (`worker.follow(publisher)`). The first `learner.critic.warmup_steps`
 iterations train only the critic, on served data too. Outputs as `alfworld_sao`, plus
 `DIR/agent/` (episodes.jsonl, stats.json, stderr.log) and serving figures in summary.json.
 """
@@ -52,7 +52,9 @@ def micro() -> OnlineConfig:
         model=base.model,
         rollout=base.rollout,
         env=base.env,
-        learner=dataclasses.replace(base.learner, critic_warmup_steps=0),
+        learner=dataclasses.replace(
+            base.learner, critic=dataclasses.replace(base.learner.critic, warmup_steps=0)
+        ),
         warm_start=dataclasses.replace(base.warm_start, demo_episodes=4, steps=2, dagger_rounds=0),
         serving=ServingSpec(num_slots=4, decode_steps=4, max_prefill_batch=1),  # few compiles
         agent=AgentSpec(concurrency=4, stop_timeout_s=20.0),

@@ -217,7 +217,7 @@ class OnlineJob(Job):
         super().__init__(config.experiment())
 
     def train(self) -> None:
-        """The online phase (its first `learner.critic_warmup_steps` iterations train only the
+        """The online phase (its first `learner.critic.warmup_steps` iterations train only the
         critic, on served data too)."""
         self.serving = online_rl(self.state, self.online, self.log, self.learner)
 

@@ -156,13 +156,13 @@ class OnlineConfig:
             # version 0 must serve every warm-up batch and the first policy batch, plus the
             # games in flight, before the first update raises the worker's capacity
             capacity = (self.serving.max_staleness + 1) * self.serving.staleness_batch_size
-            needed = self.online.rows * (self.learner.critic_warmup_steps + 1)
+            needed = self.online.rows * (self.learner.critic.warmup_steps + 1)
             needed += self.agent.concurrency * self.env.max_steps
             if capacity < needed:
                 raise ValueError(
                     f"serving.max_staleness: (max_staleness + 1) x staleness_batch_size = "
                     f"{capacity} calls is below the {needed} the learner needs before its first "
-                    "update (online.rows x (learner.critic_warmup_steps + 1) + agent.concurrency "
+                    "update (online.rows x (learner.critic.warmup_steps + 1) + agent.concurrency "
                     "x env.max_steps): the agent would wait on 429s forever"
                 )
         if self.rollout.max_new_tokens + 16 > self.online.seq_len:

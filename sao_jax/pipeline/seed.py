@@ -7,7 +7,7 @@ ground truth by default), skills (analysis prompt -> skill) and acting data (won
 played, lost ones relabelled by the expert) go to the `seed_sft` tenant, and one cloner
 fine-tunes on both -> critic warm-up -> RL where every learner iteration lets the current
 policy write a skill per trajectory, re-scores the sampled actions with it in context and adds
-`learner.opd_lambda * seed_opd_loss` (`SeedLearner`) -> evaluation without skills. Same
+`learner.opd.weight * seed_opd_loss` (`SeedLearner`) -> evaluation without skills. Same
 outputs and summary keys as the plain job, plus `seed_*` keys (stage-1 counts, seconds of
 analysis and re-scoring per iteration, mean delta and gate). Stage-2 skills go to the `skills`
 tenant: `python -m sao_jax.seed inspect DIR/atdp`.

@@ -70,7 +70,7 @@ def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Tr
 
 def resolve(config: ExperimentConfig) -> ExperimentConfig:
     """Games and sampling offset by `config.seed` (model init uses it directly); group
-    algorithms (GRPO) play `learner.group_size` rollouts of each game, and at least one group
+    algorithms (GRPO) play `learner.group.size` rollouts of each game, and at least one group
     per policy version; windowed rows fix the learner's head capacity at one reply."""
     rollout = dataclasses.replace(config.rollout, seed=config.rollout.seed + 1000 * config.seed)
     rl, learner = config.rl, config.learner
@@ -83,7 +83,7 @@ def resolve(config: ExperimentConfig) -> ExperimentConfig:
         # capacity for the whole run instead of one per bucket the batches happen to reach
         learner = dataclasses.replace(learner, max_action_tokens_per_row=rollout.max_new_tokens)
     if get_algorithm(config.learner.algorithm).advantage == "group" and rollout.group_size == 1:
-        rollout = dataclasses.replace(rollout, group_size=config.learner.group_size)
+        rollout = dataclasses.replace(rollout, group_size=config.learner.group.size)
         rl = dataclasses.replace(
             rl, episodes_per_version=max(rl.episodes_per_version, rollout.group_size)
         )
