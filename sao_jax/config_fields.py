@@ -49,11 +49,19 @@ class ConfigError(ValueError):
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
-    """`name: text` entries of the `Attributes:` section of a Google-style docstring; an
-    entry's continuation lines (indented deeper) are joined to it."""
+    """`name: text` entries of the `Attributes:` sections of a class's Google-style docstring
+    and its bases' (the class's own entry wins); an entry's continuation lines (indented
+    deeper) are joined to it."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        docs.update(_docstring_attributes(base.__doc__ or ""))
+    return docs
+
+
+def _docstring_attributes(docstring: str) -> dict[str, str]:
     docs: dict[str, str] = {}
     inside, current, indent = False, None, None
-    for line in (cls.__doc__ or "").splitlines():
+    for line in docstring.splitlines():
         stripped = line.strip()
         if stripped == "Attributes:":
             inside, indent = True, None

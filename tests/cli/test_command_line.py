@@ -53,6 +53,19 @@ def parse(*argv):
     return parse_cli(list(argv), Job, exit_on_error=False)
 
 
+def printed_help(capsys, parser, *args, **kwargs) -> str:
+    """What `parser(*args, **kwargs)` prints before it exits 0 (a --help)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parser(*args, **kwargs)
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def help_rows(text: str) -> dict[str, list[str]]:
+    """The --help table's rows by field name, split into words."""
+    return {line.split()[0]: line.split() for line in text.splitlines() if line[:1].isalpha()}
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -180,36 +193,29 @@ def test_subcommands_positional_required_and_remainder_fields():
 
 
 def test_help_of_a_command_and_of_the_command_list(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        parse_command(["--help"], COMMANDS, prog="tool", description="Tools.")
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
+    text = printed_help(
+        capsys, parse_command, ["--help"], COMMANDS, prog="tool", description="Tools."
+    )
     assert text.startswith("usage: tool {copy,launch} ...\n\nTools.\n")
     assert "  copy    copy a store\n  launch  run a command\n" in text
-    with pytest.raises(SystemExit):
-        parse_command(["copy", "-h"], COMMANDS, prog="tool")
-    text = capsys.readouterr().out
+    text = printed_help(capsys, parse_command, ["copy", "-h"], COMMANDS, prog="tool")
     assert text.startswith("usage: tool copy SOURCE DEST [--key VALUE | key=VALUE ...]\n")
-    rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:1].isalpha()}
+    rows = help_rows(text)
     assert rows["source"][1:3] == ["str", "(required)"]
     assert rows["dry_run"][1:4] == ["bool", "False", "say"]
-    with pytest.raises(SystemExit):
-        parse_command(["launch", "--help"], COMMANDS, prog="tool")
-    assert "[-- COMMAND ...]" in capsys.readouterr().out.splitlines()[0]
+    text = printed_help(capsys, parse_command, ["launch", "--help"], COMMANDS, prog="tool")
+    assert "[-- COMMAND ...]" in text.splitlines()[0]
 
 
 def test_help_lists_every_field_with_type_default_and_help(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        parse_cli(["--help"], Job, prog="job", description="Runs a job.")
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
+    text = printed_help(capsys, parse_cli, ["--help"], Job, prog="job", description="Runs a job.")
     assert text.startswith("usage: job [--key VALUE | key=VALUE ...]\n\nRuns a job.\n")
     assert "--key VALUE, --key=VALUE or key=VALUE" in text
-    rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isalpha()}
+    rows = help_rows(text)
     for leaf in ("name", "num_slots", "warmup", "max_staleness", "tags", "optim.lr"):
         assert leaf in rows
-    assert rows["max_staleness"].split()[1:5] == ["int", "|", "None", "4"]
-    assert "peak learning rate" in rows["optim.lr"] and "0.0003" in rows["optim.lr"]
+    assert rows["max_staleness"][1:5] == ["int", "|", "None", "4"]
+    assert rows["optim.lr"][1:] == ["float", "0.0003", "peak", "learning", "rate."]
     assert "(kept verbatim: never a number or a bool)" in text
 
 
