@@ -179,12 +179,14 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
         if dataclasses.is_dataclass(value):
             flat = field.metadata.get("flatten", False)
             inner_short = "" if flat else (name + "." if short is not None else None)
-            inner = leaves(value, prefix + field.name + ".", inner_short)
+            inner_prefix = prefix + field.name + "."
+            inner = leaves(value, inner_prefix, inner_short)
             hidden = set(field.metadata.get("hide", ()))
             rows.extend(
                 row
                 for row in inner
-                if row.key.rpartition(".")[2] not in hidden and not (flat and row.name in own)
+                if row.key.removeprefix(inner_prefix).split(".")[0] not in hidden
+                and not (flat and row.name in own)
             )
             continue
         rows.append(Leaf(prefix + field.name, annotation, value, help_text, field.metadata, name))
