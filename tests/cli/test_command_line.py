@@ -128,6 +128,8 @@ def test_unknown_keys_and_options_suggest_the_closest():
         parse("--seed")
     with pytest.raises(ConfigError, match=r"argument 'stray' is not key=value"):
         parse("stray")
+    with pytest.raises(ConfigError, match="-- ends the options only for a command that runs"):
+        parse("--", "ls")
     with pytest.raises(ConfigError, match="num_slots must be >= 1, got 0"):  # __post_init__
         parse("--num-slots", "0")
 
