@@ -37,37 +37,40 @@ from sao_jax.config_cli import parse_command
 _OPERATOR = "operator:cli"
 
 
-_STORE_HELP = "store root: a directory, a URL (gs://...) or a JSON spec"
-_POSITIONAL = {"positional": True, "help": _STORE_HELP}
-
-
-@dataclasses.dataclass
-class Inspect:
-    """counts per tenant: trajectories, tokens, rewards, eligibility
-
+@dataclasses.dataclass(kw_only=True)
+class _StoreCommand:
+    """
     Attributes:
+      path: store root: a directory, a URL (gs://...) or a JSON spec.
       tenant: restrict to these tenants (repeatable, or comma separated; default: all).
       now: unix time for expiry checks (default: the store's clock).
-      principal: who asks (an operator reads counts without content access; audited).
-      json: JSON output instead of a table.
+      principal: who asks (an operator works without content access; audited).
     """
 
-    path: str = dataclasses.field(metadata=_POSITIONAL)
+    path: str = dataclasses.field(metadata={"positional": True})
     tenant: list[str] = dataclasses.field(default_factory=list)
     now: float | None = None
     principal: str = _OPERATOR
+
+
+@dataclasses.dataclass(kw_only=True)
+class Inspect(_StoreCommand):
+    """counts per tenant: trajectories, tokens, rewards, eligibility
+
+    Attributes:
+      json: JSON output instead of a table.
+    """
+
     json: bool = False
 
 
-@dataclasses.dataclass
-class Export:
+@dataclasses.dataclass(kw_only=True)
+class Export(_StoreCommand):
     """JSONL export of trajectories
 
     Attributes:
       principal: who reads: the tenant itself, a grantee, or `operator:<name>` with
         --review-reason.
-      tenant: restrict to these tenants (repeatable, or comma separated; default: all).
-      now: unix time for expiry checks (default: the store's clock).
       out: output file (- is stdout).
       eligible_only: only trajectories a training job may use.
       include_open: also unclosed trajectories.
@@ -75,31 +78,21 @@ class Export:
         included).
     """
 
-    path: str = dataclasses.field(metadata=_POSITIONAL)
-    principal: str = dataclasses.MISSING  # type: ignore[assignment]
-    tenant: list[str] = dataclasses.field(default_factory=list)
-    now: float | None = None
+    principal: str = dataclasses.field()  # content leaves the store: no default principal
     out: str = "-"
     eligible_only: bool = False
     include_open: bool = False
     review_reason: str = ""
 
 
-@dataclasses.dataclass
-class Purge:
+@dataclasses.dataclass(kw_only=True)
+class Purge(_StoreCommand):
     """erase expired trajectories
 
     Attributes:
-      tenant: restrict to these tenants (repeatable, or comma separated; default: all).
-      now: unix time for expiry checks (default: the store's clock).
-      principal: who purges (audited).
       dry_run: list what would be purged, erase nothing.
     """
 
-    path: str = dataclasses.field(metadata=_POSITIONAL)
-    tenant: list[str] = dataclasses.field(default_factory=list)
-    now: float | None = None
-    principal: str = _OPERATOR
     dry_run: bool = False
 
 

@@ -13,6 +13,7 @@ process 0 prints the best time of each and the ratio.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -22,11 +23,22 @@ from pathlib import Path
 
 import numpy as np
 
-PAIR = dict(arg.split("=", 1) for arg in sys.argv[1:])
-PRESET, REPEATS = PAIR.get("preset", "tiny"), int(PAIR.get("repeats", "5"))
+from sao_jax.config_cli import parse_cli
 
 
-def worker(out: Path) -> None:
+@dataclasses.dataclass
+class BenchConfig:
+    """
+    Attributes:
+      preset: model preset of the published policy.
+      repeats: timed publications of each kind (the best counts).
+    """
+
+    preset: str = "tiny"
+    repeats: int = 5
+
+
+def worker(out: Path, bench: BenchConfig) -> None:
     import jax
     from flax import nnx
 
@@ -50,7 +62,7 @@ def worker(out: Path) -> None:
         )
     )
     local = make_global_mesh(MeshConfig(), jax.local_devices())
-    policy = init_model(get_model_config(PRESET, vocab_size=4096), mesh=train)
+    policy = init_model(get_model_config(bench.preset, vocab_size=4096), mesh=train)
     state = nnx.state(policy)
     targets = rollout_shardings(state, local)
     leaves, target_leaves = jax.tree.leaves(state), jax.tree.leaves(targets)
@@ -68,7 +80,7 @@ def worker(out: Path) -> None:
     for name, fn in (("per_host", per_host), ("host", via_host)):
         fn()  # compile / warm up
         times = []
-        for _ in range(REPEATS):
+        for _ in range(bench.repeats):
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
@@ -78,13 +90,14 @@ def worker(out: Path) -> None:
     shutdown()
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     from sao_jax.distributed.local_launch import launch_local
 
+    bench = parse_cli(argv, BenchConfig, prog="scaling_publication.py", description=__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         result = launch_local(
-            [sys.executable, __file__, *sys.argv[1:]],
+            [sys.executable, __file__, *argv],
             2,
             devices_per_process=2,
             logs=out / "logs",
@@ -94,16 +107,18 @@ def main() -> None:
             raise SystemExit(result.describe())
         figures = json.loads((out / "result.json").read_text())
     gib = figures["bytes"] / 2**30
-    print(f"policy ({PRESET}): {gib:.3f} GiB over 2 processes x 2 fake CPU devices")
+    print(f"policy ({bench.preset}): {gib:.3f} GiB over 2 processes x 2 fake CPU devices")
     for name in ("per_host", "host"):
         rate = gib / figures[name]
-        print(f"  {name:9s} best of {REPEATS}: {figures[name] * 1e3:8.1f} ms  ({rate:.2f} GiB/s)")
+        print(
+            f"  {name:9s} best of {bench.repeats}: {figures[name] * 1e3:8.1f} ms  ({rate:.2f} GiB/s)"
+        )
     print(f"  host / per_host: {figures['host'] / figures['per_host']:.2f}x")
     assert np.isfinite(figures["per_host"])
 
 
 if __name__ == "__main__":
-    if "SAO_PROCESS_ID" in os.environ:
-        worker(Path(os.environ["PUBLICATION_OUT"]))
+    if "SAO_PROCESS_ID" in os.environ:  # one process of the job main() launched
+        worker(Path(os.environ["PUBLICATION_OUT"]), parse_cli(sys.argv[1:], BenchConfig))
     else:
-        main()
+        main(sys.argv[1:])

@@ -120,7 +120,9 @@ class _Splitter:
             item = items.pop(0)
             if item in ("-h", "--help"):
                 line.help = True
-            elif item == "--" and self.remainder is not None:
+            elif item == "--":
+                if self.remainder is None:
+                    raise ConfigError("-- ends the options only for a command that runs one")
                 line.pairs.append((self.remainder, items, "--"))
                 items = []
             elif item.startswith("--") and len(item) > 2:

@@ -49,11 +49,19 @@ class ConfigError(ValueError):
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
-    """`name: text` entries of the `Attributes:` section of a Google-style docstring; an
-    entry's continuation lines (indented deeper) are joined to it."""
+    """`name: text` entries of the `Attributes:` sections of a class's Google-style docstring
+    and its bases' (the class's own entry wins); an entry's continuation lines (indented
+    deeper) are joined to it."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        docs.update(_docstring_attributes(base.__doc__ or ""))
+    return docs
+
+
+def _docstring_attributes(docstring: str) -> dict[str, str]:
     docs: dict[str, str] = {}
     inside, current, indent = False, None, None
-    for line in (cls.__doc__ or "").splitlines():
+    for line in docstring.splitlines():
         stripped = line.strip()
         if stripped == "Attributes:":
             inside, indent = True, None
@@ -159,18 +167,28 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
         if value is REQUIRED and dataclasses.is_dataclass(annotation):
             value = annotation  # a nested config without a default: its own field defaults
         name = short + field.name if short is not None else prefix + field.name
+        base, optional = _optional(annotation)
+        help_text = field.metadata.get("help", docs.get(field.name, ""))
+        if optional and dataclasses.is_dataclass(base):
+            # an optional nested config: settable as a whole (`none`) or field by field
+            # (setting one of its fields builds it from its defaults)
+            rows.append(
+                Leaf(prefix + field.name, annotation, value, help_text, field.metadata, name)
+            )
+            value = base if value is None else value
         if dataclasses.is_dataclass(value):
             flat = field.metadata.get("flatten", False)
             inner_short = "" if flat else (name + "." if short is not None else None)
-            inner = leaves(value, prefix + field.name + ".", inner_short)
+            inner_prefix = prefix + field.name + "."
+            inner = leaves(value, inner_prefix, inner_short)
             hidden = set(field.metadata.get("hide", ()))
             rows.extend(
                 row
                 for row in inner
-                if row.key.rpartition(".")[2] not in hidden and not (flat and row.name in own)
+                if row.key.removeprefix(inner_prefix).split(".")[0] not in hidden
+                and not (flat and row.name in own)
             )
             continue
-        help_text = field.metadata.get("help", docs.get(field.name, ""))
         rows.append(Leaf(prefix + field.name, annotation, value, help_text, field.metadata, name))
     return rows
 

@@ -129,3 +129,22 @@ def test_module_entry_point_and_missing_store(store_path, tmp_path):
     )
     assert {r["tenant"] for r in json.loads(done.stdout)} == {"acme", "globex"}
     assert main(["inspect", str(tmp_path / "nowhere")]) == 2
+
+
+def test_export_needs_a_principal_and_every_command_has_help(store_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", str(store_path)])
+    assert exit_info.value.code == 2
+    assert "principal is required (give --principal VALUE)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = capsys.readouterr().out
+    for command in ("inspect", "export", "purge", "lineage"):
+        assert f"\n  {command} " in listing
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        rows = [
+            line.split()[0] for line in capsys.readouterr().out.splitlines() if line[:1].isalpha()
+        ]
+        assert "principal" in rows and ("path" in rows) == (command != "lineage")

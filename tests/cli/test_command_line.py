@@ -53,6 +53,19 @@ def parse(*argv):
     return parse_cli(list(argv), Job, exit_on_error=False)
 
 
+def printed_help(capsys, parser, *args, **kwargs) -> str:
+    """What `parser(*args, **kwargs)` prints before it exits 0 (a --help)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parser(*args, **kwargs)
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def help_rows(text: str) -> dict[str, list[str]]:
+    """The --help table's rows by field name, split into words."""
+    return {line.split()[0]: line.split() for line in text.splitlines() if line[:1].isalpha()}
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -115,6 +128,8 @@ def test_unknown_keys_and_options_suggest_the_closest():
         parse("--seed")
     with pytest.raises(ConfigError, match=r"argument 'stray' is not key=value"):
         parse("stray")
+    with pytest.raises(ConfigError, match="-- ends the options only for a command that runs"):
+        parse("--", "ls")
     with pytest.raises(ConfigError, match="num_slots must be >= 1, got 0"):  # __post_init__
         parse("--num-slots", "0")
 
@@ -180,36 +195,29 @@ def test_subcommands_positional_required_and_remainder_fields():
 
 
 def test_help_of_a_command_and_of_the_command_list(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        parse_command(["--help"], COMMANDS, prog="tool", description="Tools.")
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
+    text = printed_help(
+        capsys, parse_command, ["--help"], COMMANDS, prog="tool", description="Tools."
+    )
     assert text.startswith("usage: tool {copy,launch} ...\n\nTools.\n")
     assert "  copy    copy a store\n  launch  run a command\n" in text
-    with pytest.raises(SystemExit):
-        parse_command(["copy", "-h"], COMMANDS, prog="tool")
-    text = capsys.readouterr().out
+    text = printed_help(capsys, parse_command, ["copy", "-h"], COMMANDS, prog="tool")
     assert text.startswith("usage: tool copy SOURCE DEST [--key VALUE | key=VALUE ...]\n")
-    rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:1].isalpha()}
+    rows = help_rows(text)
     assert rows["source"][1:3] == ["str", "(required)"]
     assert rows["dry_run"][1:4] == ["bool", "False", "say"]
-    with pytest.raises(SystemExit):
-        parse_command(["launch", "--help"], COMMANDS, prog="tool")
-    assert "[-- COMMAND ...]" in capsys.readouterr().out.splitlines()[0]
+    text = printed_help(capsys, parse_command, ["launch", "--help"], COMMANDS, prog="tool")
+    assert "[-- COMMAND ...]" in text.splitlines()[0]
 
 
 def test_help_lists_every_field_with_type_default_and_help(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        parse_cli(["--help"], Job, prog="job", description="Runs a job.")
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
+    text = printed_help(capsys, parse_cli, ["--help"], Job, prog="job", description="Runs a job.")
     assert text.startswith("usage: job [--key VALUE | key=VALUE ...]\n\nRuns a job.\n")
     assert "--key VALUE, --key=VALUE or key=VALUE" in text
-    rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isalpha()}
+    rows = help_rows(text)
     for leaf in ("name", "num_slots", "warmup", "max_staleness", "tags", "optim.lr"):
         assert leaf in rows
-    assert rows["max_staleness"].split()[1:5] == ["int", "|", "None", "4"]
-    assert "peak learning rate" in rows["optim.lr"] and "0.0003" in rows["optim.lr"]
+    assert rows["max_staleness"][1:5] == ["int", "|", "None", "4"]
+    assert rows["optim.lr"][1:] == ["float", "0.0003", "peak", "learning", "rate."]
     assert "(kept verbatim: never a number or a bool)" in text
 
 
@@ -264,3 +272,22 @@ def test_split_known_takes_only_the_named_keys():
     assert rest == ["--config", "x"]
     with pytest.raises(ConfigError, match="--process_id needs a value"):
         split_known(["--process_id"], ["process_id"])
+
+
+@dataclasses.dataclass
+class WithOptionalPart:
+    """
+    Attributes:
+      optim: an optimiser, or none for the default one.
+    """
+
+    optim: Optim | None = None
+
+
+def test_an_optional_nested_config_is_built_from_one_of_its_fields():
+    assert parse_cli([], WithOptionalPart).optim is None
+    built = parse_cli(["--optim.lr", "0.5"], WithOptionalPart).optim
+    assert built == Optim(lr=0.5)  # the rest from Optim's defaults
+    assert parse_cli(["optim.lr=0.5", "optim=none"], WithOptionalPart).optim is None
+    with pytest.raises(ConfigError, match=r"Did you mean 'optim\.lr'"):
+        parse_cli(["optim.lrr=1"], WithOptionalPart, exit_on_error=False)
