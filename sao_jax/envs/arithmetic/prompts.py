@@ -8,7 +8,6 @@ so `read_prompt` finds them again in a decoded context; the reply is `<action>..
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from sao_jax.envs.base import PromptHarness, PromptOptions
 
@@ -33,14 +32,7 @@ class ArithmeticPrompts(PromptHarness):
 
     name = "arithmetic"
 
-    def prompt(
-        self,
-        task: str,
-        observation: str,
-        admissible: Sequence[str] | None,
-        history: Sequence[tuple[str, str]],
-        options: PromptOptions,
-    ) -> str:
+    def prompt(self, task, observation, admissible, history, options: PromptOptions) -> str:
         paper = options.style == "paper"
         lines = [SYSTEM_LINE] if paper else []
         lines.append(f"Task: {task}")
@@ -57,9 +49,7 @@ class ArithmeticPrompts(PromptHarness):
             lines.append(THINK_INSTRUCTIONS if options.think else ACTION_INSTRUCTIONS)
         return "\n".join(lines)
 
-    def followup(
-        self, observation: str, admissible: Sequence[str] | None, *, step: int, options
-    ) -> str:
+    def followup(self, observation, admissible, *, step: int, options: PromptOptions) -> str:
         lines = [f"Step {step + 1}.", f"Current observation: {observation}"]
         if options.style == "paper":
             lines.append(THINK_INSTRUCTIONS if options.think else ACTION_INSTRUCTIONS)
