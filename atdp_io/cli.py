@@ -18,7 +18,7 @@ or cross-tenant run lands in the tenant's audit log.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -32,13 +32,106 @@ from atdp_io.locking import PartitionLockedError
 from atdp_io.report import partition_report
 from atdp_io.schema import SchemaError, SourceRef
 from atdp_io.store import AtdpStore
+from sao_jax.config_cli import parse_command
 
 _OPERATOR = "operator:cli"
 
 
+_STORE_HELP = "store root: a directory, a URL (gs://...) or a JSON spec"
+_POSITIONAL = {"positional": True, "help": _STORE_HELP}
+
+
+@dataclasses.dataclass
+class Inspect:
+    """counts per tenant: trajectories, tokens, rewards, eligibility
+
+    Attributes:
+      tenant: restrict to these tenants (repeatable, or comma separated; default: all).
+      now: unix time for expiry checks (default: the store's clock).
+      principal: who asks (an operator reads counts without content access; audited).
+      json: JSON output instead of a table.
+    """
+
+    path: str = dataclasses.field(metadata=_POSITIONAL)
+    tenant: list[str] = dataclasses.field(default_factory=list)
+    now: float | None = None
+    principal: str = _OPERATOR
+    json: bool = False
+
+
+@dataclasses.dataclass
+class Export:
+    """JSONL export of trajectories
+
+    Attributes:
+      principal: who reads: the tenant itself, a grantee, or `operator:<name>` with
+        --review-reason.
+      tenant: restrict to these tenants (repeatable, or comma separated; default: all).
+      now: unix time for expiry checks (default: the store's clock).
+      out: output file (- is stdout).
+      eligible_only: only trajectories a training job may use.
+      include_open: also unclosed trajectories.
+      review_reason: operators: export as an audited operator_review (ineligible data
+        included).
+    """
+
+    path: str = dataclasses.field(metadata=_POSITIONAL)
+    principal: str = dataclasses.MISSING  # type: ignore[assignment]
+    tenant: list[str] = dataclasses.field(default_factory=list)
+    now: float | None = None
+    out: str = "-"
+    eligible_only: bool = False
+    include_open: bool = False
+    review_reason: str = ""
+
+
+@dataclasses.dataclass
+class Purge:
+    """erase expired trajectories
+
+    Attributes:
+      tenant: restrict to these tenants (repeatable, or comma separated; default: all).
+      now: unix time for expiry checks (default: the store's clock).
+      principal: who purges (audited).
+      dry_run: list what would be purged, erase nothing.
+    """
+
+    path: str = dataclasses.field(metadata=_POSITIONAL)
+    tenant: list[str] = dataclasses.field(default_factory=list)
+    now: float | None = None
+    principal: str = _OPERATOR
+    dry_run: bool = False
+
+
+@dataclasses.dataclass
+class Lineage:
+    """derivations of a trajectory, or a checkpoint's data
+
+    Attributes:
+      store: store root (needed with --trajectory).
+      tenant: the trajectory's tenant.
+      trajectory: a trajectory id.
+      checkpoint: checkpoint steps DIR/<step> or checkpoint directories (repeatable).
+      principal: who asks (audited).
+      json: JSON output.
+    """
+
+    store: str | None = None
+    tenant: str | None = None
+    trajectory: str | None = None
+    checkpoint: list[str] = dataclasses.field(default_factory=list)
+    principal: str = _OPERATOR
+    json: bool = False
+
+
+COMMANDS = {"inspect": Inspect, "export": Export, "purge": Purge, "lineage": Lineage}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "lineage":
+    command, args = parse_command(
+        argv, COMMANDS, prog="python -m atdp_io", description=__doc__.split("\n")[0]
+    )
+    if command == "lineage":
         return _lineage(args)
     try:
         store = AtdpStore.open(args.path, create=False)
@@ -46,40 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     tenants = args.tenant or store.tenants()
-    return {"inspect": _inspect, "export": _export, "purge": _purge}[args.command](
-        store, tenants, args
-    )
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m atdp_io", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("inspect", "counts per tenant: trajectories, tokens, rewards, eligibility"),
-        ("export", "JSONL export of trajectories"),
-        ("purge", "erase expired trajectories"),
-    ):
-        sub = commands.add_parser(name, help=text)
-        sub.add_argument("path", help="store root: a directory, a URL (gs://...) or a JSON spec")
-        sub.add_argument("--tenant", action="append", help="restrict to a tenant (repeatable)")
-        sub.add_argument("--now", type=float, default=None, help="unix time for expiry checks")
-        default = None if name == "export" else _OPERATOR
-        sub.add_argument("--principal", default=default, required=default is None)
-    commands.choices["inspect"].add_argument("--json", action="store_true", help="JSON output")
-    export = commands.choices["export"]
-    export.add_argument("--out", default="-", help="output file (default stdout)")
-    export.add_argument(
-        "--eligible-only", action="store_true", help="only trajectories a training job may use"
-    )
-    export.add_argument("--include-open", action="store_true", help="also unclosed trajectories")
-    export.add_argument(
-        "--review-reason",
-        default="",
-        help="operators: export as an audited operator_review (ineligible data included)",
-    )
-    commands.choices["purge"].add_argument("--dry-run", action="store_true")
-    _lineage_parser(commands)
-    return parser
+    return {"inspect": _inspect, "export": _export, "purge": _purge}[command](store, tenants, args)
 
 
 def _now(store: AtdpStore, args) -> float:
@@ -152,21 +212,6 @@ def _purge(store: AtdpStore, tenants: list[str], args) -> int:
         for trajectory_id in purged:
             print(f"  {trajectory_id}")
     return 1 if failed else 0
-
-
-def _lineage_parser(commands) -> None:
-    sub = commands.add_parser("lineage", help="derivations of a trajectory, or a checkpoint's data")
-    sub.add_argument("--store", help="store root (needed with --trajectory)")
-    sub.add_argument("--tenant", help="the trajectory's tenant")
-    sub.add_argument("--trajectory", help="a trajectory id")
-    sub.add_argument(
-        "--checkpoint",
-        action="append",
-        default=[],
-        help="a checkpoint step DIR/<step> or a checkpoint directory (repeatable)",
-    )
-    sub.add_argument("--principal", default=_OPERATOR)
-    sub.add_argument("--json", action="store_true", help="JSON output")
 
 
 def _lineage(args) -> int:

@@ -22,17 +22,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import grain
 import numpy as np
 
-from atdp_io import groups as groups_lib
 from atdp_io import rows as rows_lib
 from atdp_io import trained_on
-
-if TYPE_CHECKING:
-    from atdp_io.loader import AtdpLoader
+from atdp_io.loader_config import LoaderConfig, LoaderStats
 
 
 class LoaderStarvedError(ValueError):
@@ -92,6 +90,43 @@ class TrajectoryRows:
         return self.group is None or self.group == (self.tenant, self.row)
 
 
+class TrajectoryFeed(Protocol):
+    """What the stages read from their loader (`AtdpLoader`): its settings and counters, the
+    commit order of each tenant, and reads and re-checks of trajectories."""
+
+    config: LoaderConfig
+    stats: LoaderStats
+    current_version: Callable[[], int]  # the learner's policy version now
+
+    def tenants(self) -> list[str]: ...
+
+    def close_order(self, tenant: str) -> Sequence[int]:
+        """Trajectory rows of the tenant's closed trajectories, in commit order."""
+        ...
+
+    def group_length(self, tenant: str, position: int) -> int:
+        """Trajectories in the group starting at `position` of the close order."""
+        ...
+
+    def has_late_reward(self, tenant: str, row: int) -> bool: ...
+
+    def refresh(self) -> bool:
+        """Reads new commits; True when a trajectory was closed."""
+        ...
+
+    def load_many(
+        self,
+        keys: Sequence[tuple[str, int]],
+        groups: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[TrajectoryRows]:
+        """The eligible ones of `(tenant, row)`s, laid out as rows, in order."""
+        ...
+
+    def still_allowed(self, items: Sequence[TrajectoryRows]) -> list[bool]:
+        """Whether each item may still train (purges, governance), checked just now."""
+        ...
+
+
 class TrajectoryBatcher(grain.IterDataset):
     """Packs lists of `TrajectoryRows` into fixed-shape batches; never splits a trajectory
     (nor, with `LoaderConfig.group_by`, a group).
@@ -104,31 +139,29 @@ class TrajectoryBatcher(grain.IterDataset):
     def __init__(
         self,
         parent: grain.IterDataset,
-        loader: AtdpLoader,
+        feed: TrajectoryFeed,
         *,
         pass_size: int | None = None,
         stream: bool = False,
     ):
         super().__init__(parent)
-        self._loader = loader
+        self._feed = feed
         self._pass_size, self._stream = pass_size, stream
 
     def __iter__(self) -> _BatcherIterator:
-        return _BatcherIterator(
-            self._parent.__iter__(), self._loader, self._pass_size, self._stream
-        )
+        return _BatcherIterator(self._parent.__iter__(), self._feed, self._pass_size, self._stream)
 
 
 class _BatcherIterator(grain.DatasetIterator):
     def __init__(
         self,
         parent: grain.DatasetIterator,
-        loader: AtdpLoader,
+        feed: TrajectoryFeed,
         pass_size: int | None,
         stream: bool,
     ):
         super().__init__(parent)
-        self._loader = loader
+        self._feed = feed
         self._pass_size, self._stream = pass_size, stream
         self._dropped = DropTally()
         self._keys_read = 0  # keys pulled from the parent since the start (or a restore)
@@ -143,7 +176,7 @@ class _BatcherIterator(grain.DatasetIterator):
         self._exhausted = False
 
     def __next__(self) -> dict[str, np.ndarray]:
-        config, stats = self._loader.config, self._loader.stats
+        config, stats = self._feed.config, self._feed.stats
         groups: list[tuple[TrajectoryRows, list[rows_lib.Row]]] = []
         used = 0
         if self._carry is not None:
@@ -176,7 +209,7 @@ class _BatcherIterator(grain.DatasetIterator):
             used += size
         if not groups or (config.drop_remainder and used < config.rows and self._exhausted):
             raise StopIteration
-        kept = self._loader.still_allowed([item for item, _ in groups])
+        kept = self._feed.still_allowed([item for item, _ in groups])
         groups = [group for group, keep in zip(groups, kept, strict=True) if keep]
         stats.add("batches")
         stats.add("rows_emitted", sum(len(rows) for _, rows in groups))
@@ -230,7 +263,7 @@ class _BatcherIterator(grain.DatasetIterator):
         self, unit: list[TrajectoryRows]
     ) -> list[tuple[TrajectoryRows, list[rows_lib.Row]]]:
         """The unit's members with their fresh rows; [] when it is dropped whole."""
-        config, stats = self._loader.config, self._loader.stats
+        config, stats = self._feed.config, self._feed.stats
         needed = sum(len(item.rows) for item in unit)
         longest = max(r.length for item in unit for r in item.rows)
         if longest > config.seq_len or needed > config.rows:
@@ -249,7 +282,7 @@ class _BatcherIterator(grain.DatasetIterator):
         return members
 
     def _too_long_message(self, unit: list[TrajectoryRows], needed: int, longest: int) -> str:
-        config, first = self._loader.config, unit[0]
+        config, first = self._feed.config, unit[0]
         batch = f"the batch is {config.rows} x {config.seq_len}"
         if config.group_by is None:
             return (
@@ -279,7 +312,7 @@ class _BatcherIterator(grain.DatasetIterator):
 
     def _raise_if_starved(self) -> None:
         """Raises once dropping is all this iterator can do (see the module docstring)."""
-        config, dropped = self._loader.config, self._dropped
+        config, dropped = self._feed.config, self._dropped
         unit = "trajectory" if config.group_by is None else "group"
         if self._stream:
             starved = bool(config.starved_after) and dropped.too_long >= config.starved_after
@@ -303,10 +336,10 @@ class _BatcherIterator(grain.DatasetIterator):
 
     def _fresh(self, rows: list[rows_lib.Row]) -> list[rows_lib.Row]:
         """The rows within `max_staleness` of the learner's version now (drops counted)."""
-        config, stats = self._loader.config, self._loader.stats
+        config, stats = self._feed.config, self._feed.stats
         if config.max_staleness is None:
             return rows
-        oldest = self._loader.current_version() - config.max_staleness
+        oldest = self._feed.current_version() - config.max_staleness
         fresh = [r for r in rows if r.min_version() < 0 or r.min_version() >= oldest]
         if len(fresh) < len(rows) and config.staleness_unit == "trajectory":
             stats.add("dropped_stale_rows", len(rows))
@@ -346,14 +379,14 @@ class StreamSource(grain.IterDataset):
 
     def __init__(
         self,
-        loader: AtdpLoader,
+        feed: TrajectoryFeed,
         shard: grain.sharding.ShardOptions,
         poll_interval_s: float,
         idle_timeout_s: float | None,
         read_group: int,
     ):
         super().__init__()
-        self._loader = loader
+        self._feed = feed
         self._shard = shard
         self._poll_interval_s = poll_interval_s
         self._idle_timeout_s = idle_timeout_s
@@ -367,46 +400,44 @@ class _StreamIterator(grain.DatasetIterator):
     def __init__(self, source: StreamSource):
         super().__init__()
         self._source = source
-        self._cursors = dict.fromkeys(source._loader.readers, 0)
+        self._cursors = dict.fromkeys(source._feed.tenants(), 0)
         # (tenant, row) -> when this iterator first saw a closed trajectory still waiting for a
         # late reward (`LoaderConfig.reward_grace_s`)
         self._waiting: dict[tuple[str, int], float] = {}
         # groups passed per tenant (with `group_by`): shards deal out groups by this ordinal
-        self._groups = dict.fromkeys(source._loader.readers, 0)
+        self._groups = dict.fromkeys(source._feed.tenants(), 0)
 
     def __next__(self) -> list[TrajectoryRows]:
-        source, loader = self._source, self._source._loader
+        source, feed = self._source, self._source._feed
         idle_since = time.monotonic()
         while True:
             keys, groups = self._next_keys()
             if keys:
-                items = loader.load_many(keys, groups)
+                items = feed.load_many(keys, groups)
                 if items:
                     return items
                 continue  # everything in this group was filtered out: look further
             waited = time.monotonic() - idle_since
             if source._idle_timeout_s is not None and waited >= source._idle_timeout_s:
                 raise StopIteration
-            if not loader.refresh():
+            if not feed.refresh():
                 time.sleep(source._poll_interval_s)
 
     def _next_keys(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]] | None]:
         """Up to a read group of this shard's newly closed trajectories (whole groups with
         `group_by`) and the group of each (None without); advances the cursors."""
         source, keys, groups = self._source, [], []
-        group_by = source._loader.config.group_by
-        for tenant, reader in source._loader.readers.items():
-            order = reader.index.close_order
+        feed = source._feed
+        group_by = feed.config.group_by
+        for tenant in feed.tenants():
+            order = feed.close_order(tenant)
             while self._cursors[tenant] < len(order) and len(keys) < source._read_group:
                 position = self._cursors[tenant]
-                if group_by is None:
-                    length, ordinal = 1, position
-                else:
-                    # one append closes its trajectories together: a run at the end of what
-                    # is visible is complete
-                    length = groups_lib.run_length_at(reader.index, position, group_by)
-                    ordinal = self._groups[tenant]
-                if not self._rewarded(tenant, reader.index, order[position : position + length]):
+                # one append closes its trajectories together: a group at the end of what is
+                # visible is complete
+                length = feed.group_length(tenant, position)
+                ordinal = position if group_by is None else self._groups[tenant]
+                if not self._rewarded(tenant, order[position : position + length]):
                     break  # in commit order: the rest of this tenant waits behind it
                 if group_by is not None:
                     self._groups[tenant] += 1
@@ -420,16 +451,16 @@ class _StreamIterator(grain.DatasetIterator):
                     groups.extend([(tenant, members[0])] * length)
         return keys, (groups if group_by is not None else None)
 
-    def _rewarded(self, tenant: str, index, rows: list[int]) -> bool:
+    def _rewarded(self, tenant: str, rows: Sequence[int]) -> bool:
         """Whether trajectories `rows` may be streamed now: each has a late reward, or waited
         `reward_grace_s` since this iterator first saw it closed."""
-        grace = self._source._loader.config.reward_grace_s
+        grace = self._source._feed.config.reward_grace_s
         if grace <= 0:
             return True
         now = time.monotonic()
         ready = True
         for row in rows:
-            if not index.by_row[row].late_rewards():
+            if not self._source._feed.has_late_reward(tenant, row):
                 ready &= now - self._waiting.setdefault((tenant, row), now) >= grace
         if ready:
             for row in rows:
@@ -437,7 +468,7 @@ class _StreamIterator(grain.DatasetIterator):
         return ready
 
     def get_state(self) -> dict[str, Any]:
-        if self._source._loader.config.group_by is None:
+        if self._source._feed.config.group_by is None:
             return {"cursors": dict(self._cursors)}
         return {"cursors": dict(self._cursors), "groups": dict(self._groups)}
 
@@ -448,7 +479,7 @@ class _StreamIterator(grain.DatasetIterator):
                 f"stream state is for tenants {sorted(cursors)}, this stream reads "
                 f"{sorted(self._cursors)}"
             )
-        grouped = self._source._loader.config.group_by is not None
+        grouped = self._source._feed.config.group_by is not None
         if grouped != ("groups" in state):
             raise ValueError(
                 "stream state was saved "
@@ -457,7 +488,7 @@ class _StreamIterator(grain.DatasetIterator):
                 + ("with" if grouped else "without")
                 + " it: the shards would deal out other trajectories"
             )
-        self._source._loader.refresh()
+        self._source._feed.refresh()
         self._cursors = {t: int(c) for t, c in cursors.items()}
         if grouped:
             self._groups = {t: int(state["groups"][t]) for t in cursors}

@@ -7,12 +7,21 @@ of the writer; concurrent sessions share commits (see writer.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from atdp_io.schema import Event, Outcome
 
-if TYPE_CHECKING:
-    from atdp_io.writer import PartitionWriter
+
+class TrajectoryWriter(Protocol):
+    """What a session needs of its writer (`PartitionWriter`): each call durable on return."""
+
+    def append_events(self, trajectory_id: str, events: Sequence[Event]) -> list[int]: ...
+
+    def add_reward(
+        self, trajectory_id: str, value: float, *, event_index: int | None, source: str
+    ) -> None: ...
+
+    def close_trajectory(self, trajectory_id: str, outcome: Outcome) -> None: ...
 
 
 class TrajectorySession:
@@ -22,7 +31,7 @@ class TrajectorySession:
     with the error class recorded.
     """
 
-    def __init__(self, writer: PartitionWriter, trajectory_id: str):
+    def __init__(self, writer: TrajectoryWriter, trajectory_id: str):
         self._writer = writer
         self.trajectory_id = trajectory_id
 

@@ -16,11 +16,12 @@ engine, through the same env API (observation, reward, done, info with admissibl
 
 from __future__ import annotations
 
+import dataclasses
 import random
-import sys
 import tempfile
 import time
 
+from sao_jax.config_cli import parse_cli
 from sao_jax.envs.alfworld import (
     AlfworldEnv,
     BatchedAlfworldEnv,
@@ -31,16 +32,20 @@ from sao_jax.envs.alfworld import (
 from sao_jax.envs.alfworld.generator import task_type_sequence
 
 
-def parse_args(argv: list[str]) -> dict[str, str]:
-    args = {"games": "8", "steps": "40", "size": "full", "batch": "64"}
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key not in args or not value:
-            raise SystemExit(
-                f"unknown argument {arg!r}; expected key=value with key in {sorted(args)}"
-            )
-        args[key] = value
-    return args
+@dataclasses.dataclass
+class BenchConfig:
+    """
+    Attributes:
+      games: train games played (cycling through the six task types).
+      steps: random admissible commands per game.
+      size: game size preset of the generator.
+      batch: envs in the batched-env measurement.
+    """
+
+    games: int = 8
+    steps: int = 40
+    size: str = "full"
+    batch: int = 64
 
 
 def pick_games(count: int, size: str):
@@ -134,10 +139,10 @@ def ours_extras(size: str, batch: int, seed: int) -> dict[str, float]:
     return {"generate": generate, "expert": calls / t_expert, "batched": batched}
 
 
-def main() -> None:
-    args = parse_args(sys.argv[1:])
-    games = pick_games(int(args["games"]), args["size"])
-    ours_reset, ours_step, ours_n, scripts, observations = play_ours(games, int(args["steps"]), 0)
+def main(argv: list[str] | None = None) -> None:
+    args = parse_cli(argv, BenchConfig, prog="alfworld_speed.py", description=__doc__)
+    games = pick_games(args.games, args.size)
+    ours_reset, ours_step, ours_n, scripts, observations = play_ours(games, args.steps, 0)
     with tempfile.TemporaryDirectory() as tmp:
         paths = [export_tw_pddl(game, f"{tmp}/{k}") for k, game in enumerate(games)]
         load_s, real_reset, real_step, real_n = play_real(paths, scripts, observations)
@@ -147,19 +152,17 @@ def main() -> None:
         ("resets/s", n_games / ours_reset, n_games / real_reset),
         ("steps/s", ours_n / ours_step, real_n / real_step),
     ]
-    print(
-        f"{n_games} {args['size']} train games (all task types), {ours_n} random admissible steps,"
-    )
+    print(f"{n_games} {args.size} train games (all task types), {ours_n} random admissible steps,")
     print("identical observations on both engines\n")
     print(f"| {'rate':<9} | {'ours':>10} | {'real':>8} | {'ours / real':>11} |")
     print(f"|{'-' * 11}|{'-' * 11}:|{'-' * 9}:|{'-' * 12}:|")
     for name, ours, real in rows:
         print(f"| {name:<9} | {ours:>10,.0f} | {real:>8.1f} | {ours / real:>10,.0f}x |")
     print(f"\nreal engine one-off game load: {load_s / n_games:.2f} s per game")
-    extras = ours_extras(args["size"], int(args["batch"]), 0)
+    extras = ours_extras(args.size, args.batch, 0)
     print(f"ours only: {extras['generate']:,.0f} games generated/s, "
           f"{extras['expert']:,.0f} expert actions/s, "
-          f"{extras['batched']:,.0f} steps/s in a batch of {args['batch']} envs")  # fmt: skip
+          f"{extras['batched']:,.0f} steps/s in a batch of {args.batch} envs")  # fmt: skip
 
 
 if __name__ == "__main__":

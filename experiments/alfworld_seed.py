@@ -122,8 +122,7 @@ def hindsight_sft(run: phases.Run, log: MetricsWriter) -> dict:
     cloner = BehaviourCloner(
         run.policy,
         dataclasses.replace(config.warm_start.optimizer, learning_rate=spec.sft_learning_rate),
-        load_balance_loss_weight=config.learner.load_balance_loss_weight,
-        router_z_loss_weight=config.learner.router_z_loss_weight,
+        moe_aux=config.learner.moe,
     )
     cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's
     bar = ProgressBar(spec.sft_steps, desc="skill SFT", keys=("nll",), disable=not config.progress)

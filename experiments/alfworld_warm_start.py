@@ -233,8 +233,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
     cloner = BehaviourCloner(
         run.policy,
         optimizer,
-        load_balance_loss_weight=config.learner.load_balance_loss_weight,
-        router_z_loss_weight=config.learner.router_z_loss_weight,
+        moe_aux=config.learner.moe,
         context_weight=spec.context_weight,
         pack_rows=config.learner.pack_rows,
         pack_row_multiple=config.learner.pack_row_multiple,

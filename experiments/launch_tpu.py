@@ -248,8 +248,8 @@ def _learner_config(args: argparse.Namespace):
 
 def dry_run(launch: Launch, args: argparse.Namespace) -> int:
     """Print the memory plan; 0 if it fits, 1 (with the reason) if not."""
-    from sao_jax.distributed.memory import Workload, abstract_params, plan_memory
     from sao_jax.train.algorithms import get_algorithm
+    from sao_jax.train.memory import Workload, abstract_params, plan_memory
 
     config = _model_config(args).replace(remat=args.remat)
     learner = _learner_config(args)

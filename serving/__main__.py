@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sys
 
-from serving.common.cli import parse_config
+from sao_jax.config_cli import parse_cli
 from serving.common.run import serve
 from serving.local import LocalServerConfig, create_local_server
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(LocalServerConfig, argv, __doc__, "python -m serving")
+    config = parse_cli(argv, LocalServerConfig, prog="python -m serving", description=__doc__)
     if not config.admin_key:
         sys.exit("error: --admin-key (or SAO_ADMIN_KEY) is required")
     server = create_local_server(config)

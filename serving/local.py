@@ -39,6 +39,10 @@ LOCAL_WORKER = "local-worker"
 class LocalServerConfig:
     """`python -m serving`: the whole server in one process.
 
+    The worker's settings are `worker` (a `WorkerConfig`; on the command line by their own
+    names: `--config tiny --num-slots 16`); the proxy's and gateway's are derived here, since
+    in one process they share the buffer, the key and the request timeout.
+
     Attributes:
       host: interface to bind (loopback by default).
       port: TCP port of the OpenAI-compatible API.
@@ -46,22 +50,8 @@ class LocalServerConfig:
       admin_key: operator key (also read from SAO_ADMIN_KEY).
       tenants: JSON tenants file (API keys -> governance defaults); none: open mode.
       state_dir: where the gateway keeps its session table (default: BUFFER/gateway_state).
-      preset: model preset (tiny: random tiny MoE + byte-level BPE built at startup).
-      checkpoint: HF Qwen3-MoE directory or orbax checkpoint directory to serve.
-      tokenizer: tokenizer.json (or directory) when the checkpoint has none.
-      model_id: the model name clients use (default: sao-<preset> or the directory name).
-      seed: initialisation seed of a random preset model.
-      dtype: parameter dtype of non-tiny presets / HF checkpoints.
-      num_slots: requests decoded together.
-      context_length: prompt + completion positions per request (None: model's, <= 2048).
-      decode_steps: tokens per decode dispatch.
-      max_prefill_batch: waiting requests prefilled per dispatch.
-      max_queue: requests that may wait for a slot before 429s.
-      request_timeout_s: longest a completion may run.
-      max_staleness: staleness capacity eta (None: off).
-      staleness_batch_size: LLM calls per learner version in the staleness capacity.
-      reprefill_on_update: recompute running replies' caches after a weight swap.
-      warmup: compile every prefill / decode shape before serving.
+      request_timeout_s: longest a completion may run (the worker's; the gateway waits 30 s
+        longer, so the worker's timeout fires first).
       writer_threads: threads making ATDP commits durable.
       redact_disable: built-in redaction detectors to turn off, comma separated.
       max_concurrent_requests: completions in flight at the gateway before 429s.
@@ -78,6 +68,8 @@ class LocalServerConfig:
       upstream_model: the upstream model to serve (default: the first it lists).
       upstream_token_ids: ask the upstream for token ids (vLLM `return_token_ids`), so calls
         are recorded as trainable llm_call events; only for servers that accept the field.
+      worker: the in-process worker (model, batch, admission); its host, port and service
+        key mean nothing in one process, its request timeout is `request_timeout_s`.
     """
 
     host: str = "127.0.0.1"
@@ -86,22 +78,7 @@ class LocalServerConfig:
     admin_key: str | None = None
     tenants: str | None = None
     state_dir: str | None = None
-    preset: str | None = dataclasses.field(default="tiny", metadata={"flag": "--config"})
-    checkpoint: str | None = None
-    tokenizer: str | None = None
-    model_id: str | None = None
-    seed: int = 0
-    dtype: str = "float32"
-    num_slots: int = 32
-    context_length: int | None = None
-    decode_steps: int = 8
-    max_prefill_batch: int = 8
-    max_queue: int = 256
     request_timeout_s: float = 600.0
-    max_staleness: int | None = None
-    staleness_batch_size: int = 1
-    reprefill_on_update: bool = True
-    warmup: bool = False
     writer_threads: int = 32
     redact_disable: tuple[str, ...] = ()
     max_concurrent_requests: int = 1024
@@ -112,6 +89,10 @@ class LocalServerConfig:
     upstream_key: str | None = None
     upstream_model: str | None = None
     upstream_token_ids: bool = False
+    worker: WorkerConfig = dataclasses.field(
+        default_factory=WorkerConfig,
+        metadata={"flatten": True, "hide": ("service_key",)},
+    )
 
     def __post_init__(self):
         if not self.buffer:
@@ -122,14 +103,8 @@ class LocalServerConfig:
             if "://" in self.buffer:
                 raise ValueError("with a remote --buffer, pass --state-dir (a local directory)")
             self.state_dir = str(Path(self.buffer) / "gateway_state")
-
-    def worker_config(self) -> WorkerConfig:
-        fields = {f.name for f in dataclasses.fields(WorkerConfig)} - {
-            "host",
-            "port",
-            "service_key",
-        }
-        return WorkerConfig(**{name: getattr(self, name) for name in fields})
+        # one request timeout for the process: the worker ends a generation at it
+        self.worker = dataclasses.replace(self.worker, request_timeout_s=self.request_timeout_s)
 
     def proxy_config(self) -> ProxyConfig:
         return ProxyConfig(
@@ -170,7 +145,7 @@ def create_local_server(config: LocalServerConfig, *, worker: Worker | None = No
         return create_upstream_server(config)
     registry = new_registry()
     if worker is None:
-        worker = Worker.from_config(config.worker_config(), registry)
+        worker = Worker.from_config(config.worker, registry)
     else:  # a worker built beforehand: its metrics join this server's /metrics
         registry.register(worker.metrics.registry)
     worker_client = LocalWorkerClient(worker, name=LOCAL_WORKER)

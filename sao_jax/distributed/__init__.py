@@ -1,5 +1,6 @@
 """Scale-out: multi-process start-up, meshes across processes and slices, disaggregated
-rollout / training meshes with weight resharding, TPU topologies and the memory dry-run."""
+rollout / training meshes with weight resharding, TPU topologies. (The memory dry-run plans a
+learner, so it lives above this package: `sao_jax.train.memory`.)"""
 
 from sao_jax.distributed.job import DcnMeshConfig, Job, MeshSpec, setup_job
 from sao_jax.distributed.mesh import (
@@ -21,7 +22,6 @@ from sao_jax.distributed.resharding import (
 from sao_jax.distributed.runtime import (
     DistributedConfig,
     ProcessInfo,
-    add_flags,
     barrier,
     initialization_mode,
     initialize,
@@ -40,7 +40,6 @@ __all__ = [
     "Job",
     "MeshSpec",
     "ProcessInfo",
-    "add_flags",
     "barrier",
     "describe_mesh",
     "disaggregated_meshes",

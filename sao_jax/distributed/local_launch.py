@@ -16,7 +16,6 @@ rest waiting in a collective forever.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import socket
@@ -25,6 +24,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from sao_jax.config_cli import parse_cli
 
 # Fake devices are threads: on a loaded machine one may reach a collective long after its
 # peers, and XLA:CPU aborts the process after 40 s by default.
@@ -161,32 +162,41 @@ def launch_local(
     return LocalJobResult(tuple(p.returncode for p in running), tuple(paths), timed_out)
 
 
+@dataclasses.dataclass
+class LaunchConfig:
+    """`python -m sao_jax.distributed.local_launch [fields] -- COMMAND ...`
+
+    Attributes:
+      num_processes: processes in the job.
+      devices_per_process: fake CPU devices per process; 0: leave the platform's devices alone.
+      logs: directory of process<i>.log (none: every process writes to this terminal).
+      timeout_s: stop every process after this long (none: wait as long as they run).
+      command: the command every process runs (after --).
+    """
+
+    num_processes: int = 2
+    devices_per_process: int = 2
+    logs: str | None = None
+    timeout_s: float | None = None
+    command: list[str] = dataclasses.field(default_factory=list, metadata={"remainder": True})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
-        print("usage: ... local_launch [options] -- COMMAND ...", file=sys.stderr)
-        return 2
-    split = argv.index("--")
-    parser = argparse.ArgumentParser(
+    config = parse_cli(
+        argv,
+        LaunchConfig,
         prog="python -m sao_jax.distributed.local_launch",
         description=__doc__.split("\n")[0],
     )
-    parser.add_argument("--num_processes", type=int, default=2)
-    parser.add_argument(
-        "--devices_per_process",
-        type=int,
-        default=2,
-        help="fake CPU devices per process; 0: leave the platform's devices alone",
-    )
-    parser.add_argument("--logs", default=None, help="directory of process<i>.log")
-    parser.add_argument("--timeout_s", type=float, default=None)
-    args = parser.parse_args(argv[:split])
+    if not config.command:
+        print("usage: ... local_launch [options] -- COMMAND ...", file=sys.stderr)
+        return 2
     result = launch_local(
-        argv[split + 1 :],
-        args.num_processes,
-        devices_per_process=args.devices_per_process or None,
-        logs=args.logs,
-        timeout_s=args.timeout_s,
+        config.command,
+        config.num_processes,
+        devices_per_process=config.devices_per_process or None,
+        logs=config.logs,
+        timeout_s=config.timeout_s,
     )
     if not result.ok:
         print(result.describe(), file=sys.stderr)

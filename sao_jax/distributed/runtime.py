@@ -17,7 +17,6 @@ A single process (the laptop and CPU-test case) initialises nothing. After `init
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import os
@@ -25,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jax
+
+from sao_jax.config_cli import apply_overrides, split_known
 
 # (our variable, JAX's own) per field; ours win when both are set.
 _ENV = {
@@ -111,33 +112,18 @@ class DistributedConfig:
         except ValueError as error:
             raise ValueError(f"distributed settings from the environment: {error}") from error
 
-    def with_flags(self, args: argparse.Namespace) -> DistributedConfig:
-        """These settings with the flags of `add_flags` that were given applied on top."""
-        changes = {
-            f: getattr(args, f)
-            for f in ("coordinator_address", "num_processes", "process_id")
-            if getattr(args, f, None) is not None
-        }
-        return dataclasses.replace(self, **changes)
 
-
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """`--coordinator_address`, `--num_processes`, `--process_id` (default: the environment)."""
-    group = parser.add_argument_group("multi-process (default: SAO_* / JAX_* variables)")
-    group.add_argument("--coordinator_address", help="host:port of process 0")
-    group.add_argument("--num_processes", type=int, help="processes in the job")
-    group.add_argument("--process_id", type=int, help="this process's rank")
+FLAGS = ("coordinator_address", "num_processes", "process_id")
 
 
 def split_flags(argv: Sequence[str]) -> tuple[DistributedConfig, list[str]]:
-    """The distributed settings (environment, then flags in `argv`) and the other arguments.
+    """The distributed settings (environment, then the `FLAGS` in `argv`: `--process_id 1`,
+    `--process-id=1` or `process_id=1`) and the other arguments.
 
-    Lets an entry point with its own parser (e.g. `config_cli`) accept the flags too.
+    Lets an entry point with its own config (e.g. `config_cli.parse_cli`) accept the flags too.
     """
-    parser = argparse.ArgumentParser(add_help=False)
-    add_flags(parser)
-    args, rest = parser.parse_known_args(list(argv))
-    return DistributedConfig.from_env().with_flags(args), rest
+    overrides, rest = split_known(argv, FLAGS)
+    return apply_overrides(DistributedConfig.from_env(), overrides), rest
 
 
 def on_cloud_tpu_vm(

@@ -1,9 +1,19 @@
-"""Action-only GAE (SAO Eq. 4-5) and VAPO's length-adaptive lambda.
+"""Action-only GAE (SAO Eq. 4-5), linked across the rows of a trajectory, and VAPO's
+length-adaptive lambda.
 
 Observation, prompt and padding tokens are skipped: the TD error links the last token of one
 action to the first token of the next, exactly as ordinary GAE over the row compacted to its
 action tokens. One reverse `lax.scan` over T carries the next action token's value and advantage
 and the reward waiting to be credited, so nothing is ever compacted or gathered.
+
+A batch row is a whole trajectory (`concat` layout) or one LLM call of it (`windowed` layout;
+`traj_index` names the trajectory, `turn_index` orders its calls). `linked_gae` links the turns
+of an episode through action tokens only, in both layouts. Concatenating a trajectory's rows in
+turn order and running `action_only_gae` on that one long row would do it, but needs [R, R * T]
+memory. Instead each row runs `action_only_gae` on its own, and the part of the recursion that
+crosses a row boundary (the value, advantage and pending reward of the next row's first action
+token) is carried by a reverse scan over the R rows sorted by (trajectory, turn). The result is
+exactly the concatenation's (tested), with static shapes and O(R * T) memory.
 """
 
 import chex
@@ -90,6 +100,119 @@ def adaptive_lambda(num_action_tokens: jax.Array, alpha: float = 1.5) -> jax.Arr
     safe_length = jnp.where(has_actions, length, 1.0)
     lam = jnp.clip(1.0 - 1.0 / (alpha * safe_length), 0.0, 1.0)
     return jnp.where(has_actions, lam, 0.0)
+
+
+def trajectory_action_counts(mask: jax.Array, traj_index: jax.Array) -> jax.Array:
+    """Action tokens of each row's whole trajectory, per row.
+
+    Args:
+      mask: [R, T] action-token mask; traj_index: [R] trajectory slot (-1: padding row).
+    Returns:
+      [R] float32: the sum of `mask` over every row of the row's trajectory (0 on padding rows).
+    """
+    rows = traj_index.shape[0]
+    segment = jnp.where(traj_index >= 0, traj_index, rows)
+    per_row = jnp.sum(mask.astype(jnp.float32), axis=-1)
+    totals = jax.ops.segment_sum(per_row, segment, num_segments=rows + 1)
+    return jnp.where(traj_index >= 0, totals[segment], 0.0)
+
+
+def _row_order(traj_index: jax.Array, turn_index: jax.Array) -> jax.Array:
+    """Permutation sorting rows by (trajectory, turn), padding rows last."""
+    rows = traj_index.shape[0]
+    big = jnp.int32(rows + 1)
+    key = jnp.where(traj_index >= 0, traj_index, big) * (jnp.max(turn_index) + 2) + turn_index
+    return jnp.argsort(key, stable=True)
+
+
+def linked_gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    traj_index: jax.Array,
+    turn_index: jax.Array,
+    *,
+    gamma: float = 1.0,
+    lam: float | jax.Array = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Action-only GAE over whole trajectories, whichever layout their rows come in.
+
+    Equal to `action_only_gae` on each trajectory's rows concatenated in turn order. A reward
+    sitting before a row's first action token is credited to the last action token of the
+    trajectory's previous row (as in the concatenation); on a trajectory's first row it is
+    dropped.
+
+    Args:
+      rewards, values, mask: [R, T] as for `action_only_gae` (values read on action tokens).
+      traj_index: [R] int trajectory slot of each row (-1: padding row).
+      turn_index: [R] int order of the row within its trajectory.
+      gamma: scalar discount.
+      lam: scalar or [R] lambda; rows of one trajectory must share it.
+    Returns:
+      (advantages, returns): [R, T] float32, 0 off the action tokens.
+    """
+    rows = rewards.shape[0]
+    lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (rows,))
+    is_action = mask != 0
+    valid_row = traj_index >= 0
+    is_action = is_action & valid_row[:, None]
+    rewards = jnp.where(valid_row[:, None], rewards.astype(jnp.float32), 0.0)
+    values = jnp.where(is_action, values.astype(jnp.float32), 0.0)
+    local_adv, _ = action_only_gae(rewards, values, is_action, gamma=gamma, lam=lam)
+
+    # Per-row summaries of what the previous row's last action token sees to its right.
+    actions = is_action.astype(jnp.int32)
+    num_actions = jnp.sum(actions, axis=-1)
+    has_action = num_actions > 0
+    first = jnp.argmax(is_action, axis=-1)
+    before_first = jnp.arange(rewards.shape[1])[None, :] < first[:, None]
+    lead_reward = jnp.sum(jnp.where(before_first | ~has_action[:, None], rewards, 0.0), axis=-1)
+    first_value = jnp.take_along_axis(values, first[:, None], axis=-1)[:, 0]
+    first_local_adv = jnp.take_along_axis(local_adv, first[:, None], axis=-1)[:, 0]
+    decay = gamma * lam
+
+    order = _row_order(traj_index, turn_index)
+    sorted_traj = traj_index[order]
+    same_as_next = jnp.concatenate([sorted_traj[:-1] == sorted_traj[1:], jnp.array([False])])
+    same_as_next = same_as_next & (sorted_traj >= 0)
+
+    def step(carry, row):
+        v0, a0, lead, n, has, d, lam_row, linked = row
+        # The carry is the next row's left end; a new trajectory starts from nothing.
+        next_value, next_adv, pending = (jnp.where(linked, x, 0.0) for x in carry)
+        # What the row's last action token would add with the rest of the trajectory known.
+        incoming = pending + gamma * next_value + gamma * lam_row * next_adv
+        left = (
+            jnp.where(has, v0, next_value),
+            jnp.where(has, a0 + d ** jnp.maximum(n - 1, 0) * incoming, next_adv),
+            jnp.where(has, lead, pending + lead),
+        )
+        return left, incoming
+
+    scanned = tuple(
+        x[order]
+        for x in (
+            first_value,
+            first_local_adv,
+            lead_reward,
+            num_actions.astype(jnp.float32),
+            has_action,
+            decay,
+            lam,
+        )
+    )
+    zero = jnp.zeros((), jnp.float32)
+    _, incoming_sorted = jax.lax.scan(
+        step, (zero, zero, zero), (*scanned, same_as_next), reverse=True
+    )
+    incoming = jnp.zeros_like(incoming_sorted).at[order].set(incoming_sorted)
+
+    # Action tokens after t in its row: how far the boundary correction decays back to t.
+    after = jnp.cumsum(actions[:, ::-1], axis=-1)[:, ::-1] - actions
+    correction = decay[:, None] ** after.astype(jnp.float32) * incoming[:, None]
+    advantages = jnp.where(is_action, local_adv + correction, 0.0)
+    returns = jnp.where(is_action, advantages + values, 0.0)
+    return advantages, returns
 
 
 def _per_row(name: str, value, batch: int) -> jax.Array:

@@ -1,7 +1,5 @@
 """GRPO's group-relative advantage: each rollout scored against the other rollouts of its prompt."""
 
-import operator
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,41 +8,60 @@ from sao_jax.losses.masked import check_hyperparameter
 
 
 def group_advantages(
-    rewards: jax.Array,
-    group_size: int,
+    returns: jax.Array,
+    group_id: jax.Array,
     *,
+    member: jax.Array | None = None,
     normalize_std: bool = True,
     eps: float = 1e-6,
-) -> jax.Array:
+) -> tuple[jax.Array, jax.Array]:
     """`(R - mean_group) / (std_group + eps)` (population std), or `R - mean_group`.
 
+    Groups are named by id, need not be contiguous nor of one size, and are compared pairwise
+    ([N, N]), so shapes stay static under `jit`. An entry whose group has fewer than two
+    members gets advantage 0 (nothing to compare it with).
+
     Args:
-      rewards: [N] one scalar reward per rollout; rows come in contiguous groups of
-        `group_size` rollouts of the same prompt.
-      group_size: G >= 1, a divisor of N (static: it fixes the [N / G, G] reshape).
+      returns: [N] one scalar return per entry (a rollout, or a row of one).
+      group_id: [N] int group of each entry (rollouts of one prompt share it), e.g.
+        `jnp.arange(N) // G` for contiguous groups of G.
+      member: [N] bool, the entries that count in their group's statistics (default: all):
+        e.g. one row per rollout when a rollout spans several rows, none of the padding.
+        Every entry is scored against its group's members, a non-member too.
       normalize_std: divide by the group's std (GRPO) or only subtract the mean (Dr. GRPO style).
-      eps: > 0, keeps a group of equal rewards at advantage 0 instead of 0 / 0.
+      eps: > 0, keeps a group of equal returns at advantage 0 instead of 0 / 0.
 
     Returns:
-      [N] float32 advantages. Broadcast to tokens with `advantages[:, None] * mask`.
+      (advantages [N] float32, group_size [N] float32: the members of each entry's group).
+      Broadcast to tokens with `advantages[:, None] * mask`.
     """
-    rewards = jnp.asarray(rewards)
-    chex.assert_rank(rewards, 1, custom_message="group_advantages: rewards must be [N]")
-    try:
-        group_size = operator.index(group_size)
-    except TypeError:
-        raise ValueError(
-            f"group_advantages: group_size must be a Python int, got {group_size!r}"
-        ) from None
-    num_rows = rewards.shape[0]
-    if group_size < 1 or num_rows % group_size:
-        raise ValueError(
-            f"group_advantages: group_size={group_size} must be >= 1 and divide the "
-            f"{num_rows} rows into whole groups"
-        )
-    grouped = rewards.astype(jnp.float32).reshape(num_rows // group_size, group_size)
-    advantages = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+    returns = jnp.asarray(returns)
+    group_id = jnp.asarray(group_id)
+    chex.assert_rank(returns, 1, custom_message="group_advantages: returns must be [N]")
+    chex.assert_shape(
+        group_id,
+        returns.shape,
+        custom_message="group_advantages: group_id must be [N] like returns",
+    )
     if normalize_std:
         check_hyperparameter("group_advantages", "eps", eps, minimum=0.0, strict_minimum=True)
-        advantages = advantages / (jnp.std(grouped, axis=1, keepdims=True) + eps)
-    return advantages.reshape(num_rows)
+    returns = returns.astype(jnp.float32)
+    if member is None:
+        member = jnp.ones(returns.shape, bool)
+    else:
+        member = jnp.asarray(member)
+        chex.assert_shape(
+            member, returns.shape, custom_message="group_advantages: member must be [N]"
+        )
+    members = ((group_id[:, None] == group_id[None, :]) & (member[None, :] != 0)).astype(
+        jnp.float32
+    )
+    size = jnp.sum(members, axis=-1)
+    safe_size = jnp.maximum(size, 1.0)
+    mean = members @ returns / safe_size
+    advantages = returns - mean
+    if normalize_std:
+        deviations = jnp.square(returns[None, :] - mean[:, None])
+        variance = jnp.sum(members * deviations, axis=-1) / safe_size
+        advantages = advantages / (jnp.sqrt(variance) + eps)
+    return jnp.where(size > 1, advantages, 0.0), size

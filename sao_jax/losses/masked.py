@@ -115,3 +115,12 @@ def check_hyperparameter(
             raise ValueError(f"{fn_name}: {name} must be {relation} {minimum}, got {value!r}")
     if maximum is not None and np.any(concrete > maximum):
         raise ValueError(f"{fn_name}: {name} must be <= {maximum}, got {value!r}")
+
+
+def masked_whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """(x - mean) / (std + eps) over the masked entries of [R, T] `x`; 0 off the mask."""
+    weights = (mask != 0).astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(weights), 1.0)
+    mean = jnp.sum(x * weights) / count
+    std = jnp.sqrt(jnp.sum(jnp.square(x - mean) * weights) / count)
+    return jnp.where(weights > 0, (x - mean) / (std + eps), 0.0)

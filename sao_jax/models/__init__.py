@@ -1,6 +1,6 @@
 """flax.nnx MoE transformer policy and critic, HF Qwen3-MoE import/export, token log-probs."""
 
-from sao_jax.models.config import ModelConfig, get_model_config, preset_names
+from sao_jax.models.config import ModelConfig, MoeAuxConfig, get_model_config, preset_names
 from sao_jax.models.critic import Critic
 from sao_jax.models.expert_parallel import expert_parallel  # registers "expert_parallel"
 from sao_jax.models.hf_qwen3_moe import (
@@ -22,6 +22,7 @@ __all__ = [
     "ForwardOutput",
     "ModelConfig",
     "MoeAux",
+    "MoeAuxConfig",
     "MoeStats",
     "Transformer",
     "chunked_token_logprobs",

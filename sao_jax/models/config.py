@@ -50,6 +50,25 @@ def check_remat(name: str, owner: str = "ModelConfig.remat") -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoeAuxConfig:
+    """Weights of the MoE auxiliary losses added to a training objective (`MoeAux.weighted_loss`):
+    the learner's policy and critic losses, the behaviour-cloning warm start, `next_token_loss`.
+
+    Attributes:
+      load_balance_weight: weight of the Switch-style load-balancing loss.
+      router_z_weight: weight of the router z-loss.
+    """
+
+    load_balance_weight: float = 1e-3
+    router_z_weight: float = 1e-3
+
+    def __post_init__(self):
+        for name in ("load_balance_weight", "router_z_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"MoeAuxConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Decoder-only MoE transformer (Qwen3-MoE family).
 
@@ -76,8 +95,6 @@ class ModelConfig:
         "expert_parallel" (shard_map + all-to-all; registered by a later module).
       capacity_factor: expert capacity = ceil(capacity_factor * tokens * top_k / num_experts)
         for "sorted_capacity"; <= 0 means dropless (capacity = tokens).
-      load_balance_loss_weight, router_z_loss_weight: default weights of the MoE auxiliary
-        losses in `MoeAux.weighted_loss`.
       initializer_range: stddev of the normal initialiser of projection weights.
       dtype: compute dtype of activations ("float32" or "bfloat16").
       param_dtype: storage dtype of parameters.
@@ -108,8 +125,6 @@ class ModelConfig:
     max_seq_len: int = 4096
     moe_dispatch: MoeDispatch = "sorted_capacity"
     capacity_factor: float = 1.25
-    load_balance_loss_weight: float = 1e-3
-    router_z_loss_weight: float = 1e-3
     initializer_range: float = 0.02
     dtype: str = "float32"
     param_dtype: str = "float32"

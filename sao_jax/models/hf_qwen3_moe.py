@@ -81,7 +81,6 @@ def config_from_hf(
         rope_theta=float(rope_theta),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_seq_len=int(hf.get("max_position_embeddings", 4096)),
-        load_balance_loss_weight=float(hf.get("router_aux_loss_coef", 1e-3)),
     )
     fields.update(overrides)
     return ModelConfig(**fields)
@@ -116,7 +115,6 @@ def config_to_hf(config: ModelConfig, dtype: str) -> dict[str, Any]:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "use_sliding_window": False,
-        "router_aux_loss_coef": config.load_balance_loss_weight,
         "output_router_logits": False,
         "dtype": dtype,
     }

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from sao_jax.models.config import ModelConfig
+from sao_jax.models.config import ModelConfig, MoeAuxConfig
 from sao_jax.models.layers import _normal, dense
 from sao_jax.models.moe_dispatch import ExpertWeights, Routing, get_dispatch
 
@@ -79,11 +79,11 @@ class MoeAux:
             dropped_fraction=jnp.mean(cat("dropped_fraction")),
         )
 
-    def weighted_loss(self, config: ModelConfig) -> jax.Array:
-        """The auxiliary loss to add to a training objective, with the config's weights."""
+    def weighted_loss(self, weights: MoeAuxConfig) -> jax.Array:
+        """The auxiliary loss (scalar) to add to a training objective."""
         return (
-            config.load_balance_loss_weight * self.load_balance_loss
-            + config.router_z_loss_weight * self.router_z_loss
+            weights.load_balance_weight * self.load_balance_loss
+            + weights.router_z_weight * self.router_z_loss
         )
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from sao_jax.models.config import MoeAuxConfig
 from sao_jax.models.transformer import Transformer
 from sao_jax.sharding import LogicalRules, named_sharding, state_shardings
 
@@ -65,13 +66,19 @@ def make_forward(
 
 
 def next_token_loss(
-    model: Transformer, tokens: jax.Array, loss_mask: jax.Array, *, chunk_size: int = 256
+    model: Transformer,
+    tokens: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    chunk_size: int = 256,
+    moe_aux: MoeAuxConfig | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """Mean next-token NLL over `loss_mask` plus the weighted MoE auxiliary loss.
 
     Args:
       tokens: [B, T] int32; position t predicts tokens[t + 1].
       loss_mask: [B, T]; 1 where tokens[t + 1] is a target (the last column is ignored).
+      moe_aux: weights of the MoE auxiliary losses (None: `MoeAuxConfig()`).
     Returns:
       (loss, metrics with nll, load_balance_loss, router_z_loss, dropped_fraction).
     """
@@ -80,7 +87,7 @@ def next_token_loss(
     mask = loss_mask.astype(jnp.float32).at[:, -1].set(0.0)
     logp, _ = model.token_logprobs(out.hidden, targets, chunk_size=chunk_size)
     nll = -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    loss = nll + out.aux.weighted_loss(model.config)
+    loss = nll + out.aux.weighted_loss(moe_aux or MoeAuxConfig())
     metrics = {
         "nll": nll,
         "load_balance_loss": out.aux.load_balance_loss,

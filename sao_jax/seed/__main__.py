@@ -2,31 +2,49 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import sys
 
 from atdp_io import AtdpStore
+from sao_jax.config_cli import ConfigError, parse_command
 from sao_jax.metrics import summary_table
 from sao_jax.seed.bank import SKILLS_TENANT, load_skills
 
 
+@dataclasses.dataclass
+class Inspect:
+    """print the skills of a skill bank
+
+    Attributes:
+      path: ATDP store directory (a run's DIR/atdp).
+      tenant: partition holding the skills.
+      task_type: only skills of this task type.
+      limit: the newest N skills.
+    """
+
+    path: str = dataclasses.field(metadata={"positional": True})
+    tenant: str = SKILLS_TENANT
+    task_type: str | None = None
+    limit: int = 20
+
+    def __post_init__(self):
+        if self.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {self.limit}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sao_jax.seed", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="print the skills of a skill bank")
-    inspect.add_argument("path", help="ATDP store directory (a run's DIR/atdp)")
-    inspect.add_argument("--tenant", default=SKILLS_TENANT, help="partition holding the skills")
-    inspect.add_argument("--task-type", default=None, help="only skills of this task type")
-    inspect.add_argument("--limit", type=int, default=20, help="newest N skills (default 20)")
-    args = parser.parse_args(argv)
-    if args.limit < 1:
-        parser.error(f"--limit must be >= 1, got {args.limit}")
+    _, args = parse_command(
+        argv, {"inspect": Inspect}, prog="python -m sao_jax.seed", description=__doc__
+    )
     try:
         store = AtdpStore.open(args.path, create=False)
-    except FileNotFoundError as error:
-        parser.error(str(error))
-    if args.tenant not in store.tenants():
-        parser.error(f"{args.path} has no tenant {args.tenant!r}; it has {store.tenants()}")
+        if args.tenant not in store.tenants():
+            raise ConfigError(
+                f"{args.path} has no tenant {args.tenant!r}; it has {store.tenants()}"
+            )
+    except (FileNotFoundError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
     skills = load_skills(store, tenant=args.tenant, task_type=args.task_type, limit=args.limit)
     rows = [
         {

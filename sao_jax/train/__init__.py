@@ -4,12 +4,7 @@ Data flow: `atdp_io` loader batch -> `Learner.iteration` (critic values -> linke
 -> one DIS policy step -> K critic steps) -> `Learner.policy_module()` for weight publication.
 """
 
-from sao_jax.train.advantages import (
-    adaptive_row_lambda,
-    grouped_advantages,
-    linked_gae,
-    prompt_group_ids,
-)
+from sao_jax.train.advantages import grouped_advantages, prompt_group_ids
 from sao_jax.train.algorithms import ALGORITHMS, Algorithm, get_algorithm, register_algorithm
 from sao_jax.train.config import LearnerConfig, OptimizerConfig
 from sao_jax.train.learner import Learner, LearnerCounters
@@ -25,10 +20,8 @@ __all__ = [
     "LearnerConfig",
     "LearnerCounters",
     "OptimizerConfig",
-    "adaptive_row_lambda",
     "get_algorithm",
     "grouped_advantages",
-    "linked_gae",
     "make_optimizer",
     "prompt_group_ids",
     "register_algorithm",

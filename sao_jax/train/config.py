@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from sao_jax.models.config import MoeAuxConfig
 from sao_jax.train.algorithms import get_algorithm
 
 # Paths are "/"-joined nnx paths: `embed/embedding`, `layers/0/attn/q_proj/kernel`,
@@ -89,8 +90,7 @@ class LearnerConfig:
       group_normalize_std: GRPO advantages divided by the group's std (False: mean only).
       normalize_advantages: whiten GAE advantages over the batch's action tokens.
       entropy_coef: weight of an entropy bonus on the policy (0: none).
-      load_balance_loss_weight: weight of the MoE load-balancing loss (policy and critic).
-      router_z_loss_weight: weight of the router z-loss (policy and critic).
+      moe: weights of the MoE auxiliary losses (policy and critic).
       reset_optimizer_on_sync: re-initialise the policy optimizer state whenever weights are
         published to the rollout workers.
       logprob_chunk_size: sequence chunk of the log-prob computation (memory of [B, chunk, V]).
@@ -141,8 +141,7 @@ class LearnerConfig:
     group_normalize_std: bool = True
     normalize_advantages: bool = False
     entropy_coef: float = 0.0
-    load_balance_loss_weight: float = 1e-3
-    router_z_loss_weight: float = 1e-3
+    moe: MoeAuxConfig = dataclasses.field(default_factory=MoeAuxConfig)
     reset_optimizer_on_sync: bool = False
     logprob_chunk_size: int = 256
     head_positions: str = "actions"

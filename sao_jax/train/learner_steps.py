@@ -41,7 +41,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sao_jax.losses import get_policy_loss, masked_token_mean
+from sao_jax.losses import (
+    adaptive_lambda,
+    get_policy_loss,
+    linked_gae,
+    masked_token_mean,
+    masked_whiten,
+    trajectory_action_counts,
+)
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import advantages as adv_lib
 from sao_jax.train import objectives
@@ -147,10 +154,6 @@ def _build(spec: StepSpec) -> dict[str, Any]:
     policy_optimizer = make_optimizer(config.policy_optimizer)
     policy_loss = policy_loss_fn(config)
     capacity = spec.action_capacity
-    aux_weights = {
-        "load_balance_weight": config.load_balance_loss_weight,
-        "z_weight": config.router_z_loss_weight,
-    }
     opd = None
     if algorithm.opd:
         opd = {
@@ -190,18 +193,19 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 gamma=config.gamma,
             )
             if config.policy_lam is None:
-                lam = adv_lib.adaptive_row_lambda(mask, batch["traj_index"], config.lam_alpha)
+                lengths = trajectory_action_counts(mask, batch["traj_index"])
+                lam = adaptive_lambda(lengths, config.lam_alpha)
             else:
                 lam = jnp.full(valid.shape, config.policy_lam, jnp.float32)
-            advantages, _ = adv_lib.linked_gae(**link, lam=lam)
+            advantages, _ = linked_gae(**link, lam=lam)
             if config.critic_lam == 1.0:
                 # lambda = 1 returns are the discounted reward-to-go whatever V is; computing
                 # them without V keeps them exact (A + V would carry V's rounding).
-                _, returns = adv_lib.linked_gae(**dict(link, values=jnp.zeros_like(values)))
+                _, returns = linked_gae(**dict(link, values=jnp.zeros_like(values)))
             else:
-                _, returns = adv_lib.linked_gae(**link, lam=config.critic_lam)
+                _, returns = linked_gae(**link, lam=config.critic_lam)
             if config.normalize_advantages:
-                advantages = adv_lib.whiten(advantages, mask)
+                advantages = masked_whiten(advantages, mask)
             out.update(values=values, returns=returns)
             stats["policy_lambda"] = _row_mean(lam, valid)
         else:
@@ -237,7 +241,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 chunk_size=config.logprob_chunk_size,
                 opd=opd,
                 action_capacity=capacity,
-                **aux_weights,
+                moe_aux=config.moe,
             )
 
         return guarded_update(loss_fn, policy_optimizer, params, opt_state)
@@ -274,7 +278,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                     old_values,
                     value_clip=config.value_clip,
                     action_capacity=capacity,
-                    **aux_weights,
+                    moe_aux=config.moe,
                     **kw,
                 )
 
@@ -291,7 +295,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             # Monte-Carlo targets (lambda = 1, V-free) whatever `critic_lam` is: the fit is
             # what the critic starts from, before any value it could bootstrap from exists.
             mask = objectives.action_mask(batch)
-            _, returns = adv_lib.linked_gae(
+            _, returns = linked_gae(
                 rewards=batch["rewards"],
                 values=jnp.zeros_like(mask),
                 mask=mask,
@@ -324,7 +328,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         """One critic step on V-free returns: (params, opt state, metrics, skipped, the values
         [R, T] its forward pass computed before the update)."""
         mask = objectives.action_mask(batch)
-        _, returns = adv_lib.linked_gae(
+        _, returns = linked_gae(
             rewards=batch["rewards"],
             values=jnp.zeros_like(mask),
             mask=mask,

@@ -30,7 +30,7 @@ import numpy as np
 from flax import struct
 
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
-from sao_jax.models import Backbone, Critic, MoeAux, Transformer
+from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
 from sao_jax.models.logprobs import scatter_positions, take_positions
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
@@ -203,11 +203,6 @@ def critic_values(
     return at.to_rows(values, batch["tokens"].shape[1]), out.aux
 
 
-def aux_loss(aux: MoeAux, load_balance_weight: float, z_weight: float) -> jax.Array:
-    """Weighted MoE auxiliary loss (scalar)."""
-    return load_balance_weight * aux.load_balance_loss + z_weight * aux.router_z_loss
-
-
 def policy_gradient_loss(
     policy: Transformer,
     batch: Batch,
@@ -216,8 +211,7 @@ def policy_gradient_loss(
     policy_loss: Callable[..., tuple[jax.Array, Metrics]],
     *,
     entropy_coef: float,
-    load_balance_weight: float,
-    z_weight: float,
+    moe_aux: MoeAuxConfig,
     chunk_size: int,
     opd: Mapping[str, Any] | None = None,
     action_capacity: int | None = None,
@@ -227,6 +221,7 @@ def policy_gradient_loss(
     Args:
       advantages, behaviour_logp: [R, T] (behaviour: rollout log-probs or the old policy's).
       policy_loss: a `sao_jax.losses.get_policy_loss(...)` function.
+      moe_aux: weights of the policy's MoE auxiliary losses.
       opd: SEED: `{"lambda": w, "beta": b, "mode": m, "clip": c}` adds
         `w * seed_opd_loss(logp, batch["skill_logp"], mask, ...)` (None: no such term).
       action_capacity: K: the LM head runs on at most K action tokens per row (see
@@ -242,7 +237,7 @@ def policy_gradient_loss(
     )
     objective, metrics = policy_loss(logp, behaviour_logp, advantages, mask)
     mean_entropy = masked_token_mean(entropy, mask)
-    loss = objective + aux_loss(aux, load_balance_weight, z_weight) - entropy_coef * mean_entropy
+    loss = objective + aux.weighted_loss(moe_aux) - entropy_coef * mean_entropy
     metrics = dict(metrics)
     if SAMPLING_KEYS[0] in batch:
         # greedy tokens are a point mass: ratio 1 while still the argmax, no gradient
@@ -272,8 +267,7 @@ def value_loss(
     old_values: jax.Array,
     *,
     value_clip: float | None,
-    load_balance_weight: float,
-    z_weight: float,
+    moe_aux: MoeAuxConfig,
     action_capacity: int | None = None,
     with_values: bool = False,
 ) -> tuple[jax.Array, Metrics]:
@@ -300,7 +294,7 @@ def value_loss(
     if with_values:
         metrics["values"] = jax.lax.stop_gradient(values)
     metrics.update(load_balance_loss=aux.load_balance_loss, router_z_loss=aux.router_z_loss)
-    return loss + aux_loss(aux, load_balance_weight, z_weight), metrics
+    return loss + aux.weighted_loss(moe_aux), metrics
 
 
 def value_head_moments(
@@ -336,8 +330,7 @@ def behaviour_cloning_loss(
     policy: Transformer,
     batch: Batch,
     *,
-    load_balance_weight: float,
-    z_weight: float,
+    moe_aux: MoeAuxConfig,
     chunk_size: int,
     context_weight: float = 0.0,
 ) -> tuple[jax.Array, Metrics]:
@@ -361,5 +354,5 @@ def behaviour_cloning_loss(
         "load_balance_loss": aux.load_balance_loss,
         "router_z_loss": aux.router_z_loss,
     }
-    loss = nll + context_weight * context_nll + aux_loss(aux, load_balance_weight, z_weight)
+    loss = nll + context_weight * context_nll + aux.weighted_loss(moe_aux)
     return loss, metrics

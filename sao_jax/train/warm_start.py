@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from atdp_io.trained_on import TrainedOn
-from sao_jax.models import Transformer
+from sao_jax.models import MoeAuxConfig, Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import objectives
 from sao_jax.train.config import OptimizerConfig
@@ -35,7 +35,7 @@ class BehaviourCloner:
       policy: the model to train (its arrays are taken over; `policy_module()` gives it back).
       optimizer: learning rate etc. of the cloning phase.
       trainable: regexes of parameters that train (default: all).
-      load_balance_loss_weight, router_z_loss_weight: MoE aux loss weights.
+      moe_aux: weights of the MoE auxiliary losses (None: `MoeAuxConfig()`).
       context_weight: weight of the NLL of non-action tokens (0: actions only), see
         `objectives.behaviour_cloning_loss`.
       pack_rows, pack_row_multiple: run the backbone on the batches' real tokens only, rows
@@ -51,8 +51,7 @@ class BehaviourCloner:
         optimizer: OptimizerConfig,
         *,
         trainable: tuple[str, ...] = (".*",),
-        load_balance_loss_weight: float = 1e-3,
-        router_z_loss_weight: float = 1e-3,
+        moe_aux: MoeAuxConfig | None = None,
         chunk_size: int = 256,
         context_weight: float = 0.0,
         pack_rows: bool = True,
@@ -69,11 +68,7 @@ class BehaviourCloner:
         self._frozen = self.placement.put(frozen, self._frozen_sh)
         self.opt_state = self.placement.init_optimizer(self._optimizer, self.params)
         self._opt_sh = self.placement.like(self.opt_state)
-        self._weights = {
-            "load_balance_weight": load_balance_loss_weight,
-            "z_weight": router_z_loss_weight,
-            "context_weight": context_weight,
-        }
+        self._weights = {"moe_aux": moe_aux or MoeAuxConfig(), "context_weight": context_weight}
         self._chunk_size = chunk_size
         self._pack_row_multiple = pack_row_multiple if pack_rows else None
         # Everything the compiled step depends on: cloners of one setup share executables.

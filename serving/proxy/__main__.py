@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from serving.common.cli import parse_config
+from sao_jax.config_cli import parse_cli
 from serving.common.run import serve
 from serving.proxy.app import create_app
 from serving.proxy.config import ProxyConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(ProxyConfig, argv, __doc__, "python -m serving.proxy")
+    config = parse_cli(argv, ProxyConfig, prog="python -m serving.proxy", description=__doc__)
     serve(create_app(config), config.host, config.port, "serving.proxy")
 
 

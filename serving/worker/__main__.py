@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from serving.common.cli import parse_config
+from sao_jax.config_cli import parse_cli
 from serving.common.run import serve
 from serving.worker.app import create_app
 from serving.worker.config import WorkerConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(WorkerConfig, argv, __doc__, "python -m serving.worker")
+    config = parse_cli(argv, WorkerConfig, prog="python -m serving.worker", description=__doc__)
     serve(create_app(config), config.host, config.port, "serving.worker")
 
 

@@ -29,6 +29,8 @@ class WorkerConfig:
       staleness_batch_size: LLM calls the learner consumes per policy version.
       reprefill_on_update: after a weight swap, recompute running replies' KV caches under the
         new weights (exact log-probs for the rest of each reply).
+      warmup: compile every prefill / decode shape before serving (slower start, no compile
+        pause on the first requests).
       service_key: bearer key other services must present (None: no check; loopback only).
     """
 

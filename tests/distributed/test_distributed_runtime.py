@@ -1,14 +1,11 @@
 """jax.distributed start-up settings: environment and flags, when to initialise (explicit,
 TPU auto-detection, single process), and the process facts of a single-process run."""
 
-import argparse
-
 import jax
 import pytest
 
 from sao_jax.distributed import (
     DistributedConfig,
-    add_flags,
     initialization_mode,
     initialize,
     is_coordinator,
@@ -59,11 +56,12 @@ def test_flags_override_the_environment(monkeypatch):
     config, rest = split_flags(["--process_id", "1", "--config", "small", "rl.rows=8"])
     assert (config.num_processes, config.process_id) == (4, 1)
     assert rest == ["--config", "small", "rl.rows=8"]
-    parser = argparse.ArgumentParser()
-    add_flags(parser)
-    args = parser.parse_args(["--num_processes", "2", "--coordinator_address", "a:1"])
+    config, rest = split_flags(["--process-id=2", "num_processes=8", "--out", "x"])
+    assert (config.num_processes, config.process_id, rest) == (8, 2, ["--out", "x"])
+    for name in EXPLICIT:
+        monkeypatch.delenv(name)
     with pytest.raises(ValueError, match="also needs"):  # process_id is still missing
-        DistributedConfig().with_flags(args)
+        split_flags(["--num_processes", "2", "--coordinator_address", "a:1"])
 
 
 def test_when_to_initialise(tmp_path):

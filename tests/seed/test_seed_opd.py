@@ -8,6 +8,7 @@ from flax import nnx
 from seed_factories import demo_store, first_batch, tiny_policy, word_tokenizer
 
 from sao_jax.losses import seed_opd_loss
+from sao_jax.models import MoeAuxConfig
 from sao_jax.seed import (
     RuleBasedAlfworldAnalyzer,
     SeedLearner,
@@ -47,7 +48,7 @@ def test_opd_term_changes_the_gradient_exactly_by_lambda_times_its_own(batch):
     def rl_loss(p, opd_term):
         return objectives.policy_gradient_loss(
             nnx.merge(graphdef, p), device, advantages, device["rollout_logp"], policy_loss,
-            entropy_coef=0.0, load_balance_weight=1e-3, z_weight=1e-3, chunk_size=64,
+            entropy_coef=0.0, moe_aux=MoeAuxConfig(), chunk_size=64,
             opd=opd_term,
         )[0]  # fmt: skip
 

@@ -11,14 +11,14 @@ import pytest
 from flax import nnx
 from train_factories import VOCAB, episode, first_batch, tiny_policy, write_store
 
-from sao_jax.models import Critic
+from sao_jax.models import Critic, MoeAuxConfig
 from sao_jax.train import LearnerConfig, OptimizerConfig, objectives
 from sao_jax.train.learner import Learner
 from sao_jax.train.learner_steps import policy_loss_fn
 from sao_jax.train.partition import path_string
 
 R, T = 6, 24
-AUX = {"load_balance_weight": 1e-3, "z_weight": 1e-3}
+AUX = {"moe_aux": MoeAuxConfig()}
 
 
 def random_batch(seed: int = 0) -> dict[str, jnp.ndarray]:

@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from train_factories import VOCAB, episode, first_batch, tiny_policy, write_store
 
-from sao_jax.models import Critic
+from sao_jax.models import Critic, MoeAuxConfig
 from sao_jax.train import LearnerConfig, OptimizerConfig, objectives, packing
 from sao_jax.train.learner import Learner
 from sao_jax.train.learner_steps import policy_loss_fn
 from sao_jax.train.partition import path_string
 from sao_jax.train.warm_start import BehaviourCloner
 
-AUX = {"load_balance_weight": 1e-3, "z_weight": 1e-3}
+AUX = {"moe_aux": MoeAuxConfig()}
 
 
 def check_plan(lengths, capacity, pack_row, pack_offset, count):

@@ -3,7 +3,11 @@ against numbers worked out by hand for a small model."""
 
 import pytest
 
-from sao_jax.distributed.memory import (
+from sao_jax.distributed.topology import mesh_preset, parse_topology
+from sao_jax.models import get_model_config
+from sao_jax.train import LearnerConfig
+from sao_jax.train.algorithms import ALGORITHMS, get_algorithm
+from sao_jax.train.memory import (
     GIB,
     Workload,
     activation_bytes,
@@ -11,10 +15,6 @@ from sao_jax.distributed.memory import (
     plan_memory,
     shard_elements,
 )
-from sao_jax.distributed.topology import mesh_preset, parse_topology
-from sao_jax.models import get_model_config
-from sao_jax.train import LearnerConfig
-from sao_jax.train.algorithms import ALGORITHMS, get_algorithm
 
 
 @pytest.mark.parametrize(
@@ -120,8 +120,8 @@ def test_memory_terms_match_hand_arithmetic():
 
 
 def test_remat_names_are_the_models_and_order_the_activations():
-    from sao_jax.distributed.memory import REMAT_POLICIES
     from sao_jax.models.config import REMAT_POLICIES as MODEL_REMAT_POLICIES
+    from sao_jax.train.memory import REMAT_POLICIES
 
     assert REMAT_POLICIES is MODEL_REMAT_POLICIES
     deep = get_model_config("test", num_layers=8, dense_layers=(3,))

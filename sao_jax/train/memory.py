@@ -1,5 +1,8 @@
 """Per-device memory of an RL run (SAO, PPO, GRPO, ...) on a mesh, computed from abstract shapes (no allocation).
 
+It plans from the learner's config and algorithm, so it lives with the learner (not in
+`sao_jax.distributed`, which the learner itself uses).
+
 Parameters come from the real model classes (`nnx.eval_shape`), so every leaf is counted with
 its dtype and the shard its logical axes give on the mesh. The learner holds, per device:
 
