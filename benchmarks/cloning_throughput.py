@@ -5,7 +5,7 @@ The real warm-start pipeline (search-expert demonstrations -> ATDP store -> grai
 `paper` (the papers' prompt wording, rows padded: the preset when the throughput issue was
 filed), `compact` (the compact prompt style, rows padded) and `packed` (compact, rows packed:
 `sao_jax.train.packing`, today's preset), each with rows sized to its own demonstrations
-(`experiments.alfworld_lengths`). All clone the same games with the same model; after the
+(`sao_jax.pipeline.lengths`). All clone the same games with the same model; after the
 compile, `steps` cloning steps are timed per setting and the demonstrated turns (rows) they
 covered are counted. Prints turns per second, the ratio to the first setting, the rows' length
 and the load.
@@ -24,9 +24,9 @@ import time
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments import alfworld_sao
-from experiments.alfworld_lengths import measure_demonstrations, size_sequences
-from experiments.alfworld_setup import build_model, build_tokenizer
 from sao_jax.config_cli import parse_cli
+from sao_jax.pipeline.lengths import measure_demonstrations, size_sequences
+from sao_jax.pipeline.setup import build_model, build_tokenizer
 from sao_jax.rollout import collect_expert_demos
 from sao_jax.train import BehaviourCloner
 

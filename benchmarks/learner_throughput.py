@@ -138,7 +138,7 @@ def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
         (
             fns["critic"],
             (*critic, learner.critic_opt_state, device_batch, *prepared_for_critic),
-            learner.config.critic_steps,
+            learner.config.critic.steps,
         ),
     ]
     total = 0.0
@@ -152,14 +152,16 @@ def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
 def main(argv: list[str]) -> None:
     config = parse_cli(argv, {"default": BenchConfig()}, prog="learner_throughput.py", save=False)
     from experiments.alfworld_sao import tiny
-    from experiments.alfworld_setup import build_model, build_tokenizer
+    from sao_jax.pipeline.setup import build_model, build_tokenizer
     from sao_jax.train import objectives
     from sao_jax.train.learner import Learner
 
     experiment = dataclasses.replace(tiny(), seed=config.seed)
     tokenizer = build_tokenizer(experiment)
     batch = recorded_batch(config) if config.atdp else windowed_batch(config, tokenizer.vocab_size)
-    learner_config = dataclasses.replace(experiment.learner, critic_warmup_steps=0)
+    learner_config = dataclasses.replace(
+        experiment.learner, critic=dataclasses.replace(experiment.learner.critic, warmup_steps=0)
+    )
     if config.compare == "heads":
         variants = {
             where: dataclasses.replace(learner_config, head_positions=where)
@@ -205,7 +207,7 @@ def main(argv: list[str]) -> None:
         f"{model.num_experts} experts, vocab {model.vocab_size}; "
         f"batch {r} x {t}, {real_tokens} real tokens in {int((batch['traj_index'] >= 0).sum())} "
         f"rows, {num_actions} action tokens (K = {capacity} per row); "
-        f"critic_steps {learner_config.critic_steps}",
+        f"critic.steps {learner_config.critic.steps}",
         flush=True,
     )
     for where, learner in learners.items():

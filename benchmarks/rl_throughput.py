@@ -2,8 +2,8 @@
 
 The real pipeline of `python -m experiments.alfworld_sao` (tiny preset): the rollout engine
 plays into the ATDP buffer, the loader streams batches to the SAO learner, the learner
-publishes weights that the workers pick up: `experiments.alfworld_run.reinforcement_learning`
-on a `Run` of `experiments.alfworld_setup`, with a randomly initialised model (no cloning:
+publishes weights that the workers pick up: `sao_jax.pipeline.rl.reinforcement_learning`
+on a `Run` of `sao_jax.pipeline.setup`, with a randomly initialised model (no cloning:
 throughput, not success) and no critic warm-up. Two settings:
 
 - before: the tiny preset when the throughput issue was filed: the rollout path without prefix
@@ -39,11 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.alfworld_run import reinforcement_learning
 from experiments.alfworld_sao import PRESETS
-from experiments.alfworld_setup import Run
 from sao_jax.config_cli import parse_cli
 from sao_jax.metrics import MetricsWriter, read_metrics
+from sao_jax.pipeline.rl import reinforcement_learning
+from sao_jax.pipeline.setup import Run
 from sao_jax.train import Learner
 
 SETTINGS = ("before", "uncached", "nosplit", "unpacked", "now")
@@ -108,7 +108,9 @@ def experiment_config(setting: str, bench: BenchConfig, out: Path):
         out_dir=str(out),
         seed=bench.seed,
         rollout=rollout,
-        learner=dataclasses.replace(learner, critic_warmup_steps=0),
+        learner=dataclasses.replace(
+            learner, critic=dataclasses.replace(learner.critic, warmup_steps=0)
+        ),
         rl=dataclasses.replace(rl, envs_per_worker=bench.envs_per_worker),
         progress=False,
         tensorboard=False,

@@ -53,9 +53,9 @@ class BenchConfig:
 
 def main(argv: list[str]) -> None:
     bench = parse_cli(argv, {"default": BenchConfig()}, prog="sao_async_vs_sync.py", save=False)
-    from experiments.alfworld_run import run
     from experiments.alfworld_sao import PRESETS
     from sao_jax.metrics import summary_table
+    from sao_jax.pipeline.job import run
 
     out = Path(bench.out_dir)
     shutil.rmtree(out, ignore_errors=True)
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
         "progress=false",
         "tensorboard=false",
         "eval.num_games=2",
-        "learner.critic_warmup_steps=0",
+        "learner.critic.warmup_steps=0",
         f"warm_start.steps={bench.warm_start_steps}",
         "warm_start.dagger_rounds=0",
         *bench.overrides,

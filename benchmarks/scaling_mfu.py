@@ -8,7 +8,7 @@ instead of in-process rendezvous, per-process batch assembly). Fake CPU devices 
 machine's cores.
 
 An iteration is the real `sao_jax.train.Learner.iteration`: critic values -> linked GAE ->
-one DIS policy step -> `critic_steps` critic steps. Model FLOPs (`benchmarks/mfu.py`'s count:
+one DIS policy step -> `critic.steps` critic steps. Model FLOPs (`benchmarks/mfu.py`'s count:
 6 x activated matmul parameters per token + causal attention, no routing or padding) are
 summed over the policy step (with the LM head), each critic step (no LM head; its frozen
 attention still back-propagates, counted in full) and the critic forward of the advantages.
@@ -105,7 +105,7 @@ def child(cfg: BenchConfig) -> None:
     from sao_jax.distributed import HybridMeshConfig, initialize, make_global_mesh
     from sao_jax.models import init_model
     from sao_jax.sharding import MeshConfig
-    from sao_jax.train import LearnerConfig
+    from sao_jax.train import CriticConfig, LearnerConfig
     from sao_jax.train.learner import Learner
 
     info = initialize()
@@ -118,7 +118,9 @@ def child(cfg: BenchConfig) -> None:
     rows = cfg.rows // info.process_count
     batch = synthetic_batch(rows, cfg.seq_len, cfg.vocab, seed=info.process_index)
     learner = Learner(
-        LearnerConfig(critic_warmup_steps=0), init_model(model_config(cfg), mesh=mesh), mesh=mesh
+        LearnerConfig(critic=CriticConfig(warmup_steps=0)),
+        init_model(model_config(cfg), mesh=mesh),
+        mesh=mesh,
     )
     times = []
     for _ in range(cfg.steps + 1):
@@ -180,7 +182,7 @@ def main(argv: list[str]) -> None:
 
     results = {name: run_mode(processes, argv) for name, processes in MODES.items()}
     peak = matmul_flops_per_s(cfg.matmul_size)
-    flops = iteration_flops(cfg, LearnerConfig().critic_steps)
+    flops = iteration_flops(cfg, LearnerConfig().critic.steps)
     print(
         f"SAO iteration, {cfg.preset} preset, {model_config(cfg).num_layers} layer(s) (vocab "
         f"{cfg.vocab}, {cfg.dispatch}): {cfg.rows} rows "

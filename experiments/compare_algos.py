@@ -118,9 +118,10 @@ def _seed_averaged(runs: list[list[dict]], keys=PLOT_KEYS) -> list[dict]:
 
 def compare(config: CompareConfig) -> dict:
     """Run every (algorithm, seed), then write the table and the plot; returns the results."""
-    from experiments.alfworld_run import WARM_START_DIR, run
-    from experiments.alfworld_seed import run as seed_run
     from sao_jax.metrics import plot_learning_curves, read_metrics, summary_table
+    from sao_jax.pipeline.job import run
+    from sao_jax.pipeline.seed import run as seed_run
+    from sao_jax.pipeline.setup import WARM_START_DIR
     from sao_jax.train import get_algorithm
 
     labels = {name: get_algorithm(name).label for name in config.algorithms}  # validates names

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 
 from sao_jax.losses.masked import check_hyperparameter, check_token_arrays, float_mask
 
+ADAPTIVE_LAMBDA_ALPHA = 1.5  # as read for SAO (secondary); VAPO itself uses 0.05
+
 
 def action_only_gae(
     rewards: jax.Array,
@@ -83,7 +85,9 @@ def action_only_gae(
     return advantages, returns
 
 
-def adaptive_lambda(num_action_tokens: jax.Array, alpha: float = 1.5) -> jax.Array:
+def adaptive_lambda(
+    num_action_tokens: jax.Array, alpha: float = ADAPTIVE_LAMBDA_ALPHA
+) -> jax.Array:
     """VAPO's length-adaptive GAE lambda: `clip(1 - 1 / (alpha * L), 0, 1)`, 0 when L = 0.
 
     Args:

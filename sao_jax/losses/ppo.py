@@ -16,6 +16,9 @@ from sao_jax.losses.masked import (
 # exp(20) ~ 4.9e8 is far past any clip range; the bound only keeps a stale token's ratio (and
 # the derivative the `max` discards) finite, as verl does.
 _MAX_ABS_LOG_RATIO = 20.0
+# The surrogate's clip range (the defaults of `ppo_clip_loss` and of the learner's `ClipConfig`)
+CLIP_EPS_LOW = 0.2
+CLIP_EPS_HIGH = 0.2
 
 
 def ppo_clip_loss(
@@ -24,8 +27,8 @@ def ppo_clip_loss(
     advantages: jax.Array,
     mask: jax.Array,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: float = CLIP_EPS_LOW,
+    eps_high: float = CLIP_EPS_HIGH,
     dual_clip: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token mean of `max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))`.

@@ -19,6 +19,10 @@ from sao_jax.losses.masked import (
 
 Metrics = dict[str, jax.Array]
 
+# DIS's ratio bounds (the defaults of `sao_policy_loss` and of the learner's `DisConfig`)
+DIS_EPS_LOW = 0.3
+DIS_EPS_HIGH = 5.0
+
 
 def sao_policy_loss(
     logp: jax.Array,
@@ -26,8 +30,8 @@ def sao_policy_loss(
     advantages: jax.Array,
     mask: jax.Array,
     *,
-    eps_low: float = 0.3,
-    eps_high: float = 5.0,
+    eps_low: float = DIS_EPS_LOW,
+    eps_high: float = DIS_EPS_HIGH,
 ) -> tuple[jax.Array, Metrics]:
     """DIS: direct double-sided importance sampling against the rollout policy.
 

@@ -19,6 +19,7 @@ from sao_jax.losses.masked import (
 )
 
 OPD_MODES = ("gated", "signed")
+OPD_BETA = 5.0  # the gate's sharpness (default of `seed_opd_loss` and the learner's `OpdConfig`)
 
 
 def seed_opd_loss(
@@ -26,8 +27,8 @@ def seed_opd_loss(
     skill_logp: jax.Array,
     mask: jax.Array,
     *,
-    beta: float = 5.0,
-    mode: str = "gated",
+    beta: float = OPD_BETA,
+    mode: str = OPD_MODES[0],
     clip: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Self-distillation towards the skill-conditioned policy, `delta = sg(skill_logp - logp)`.

@@ -20,6 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao_jax.models.logprobs import LOGPROB_CHUNK
+
 LOGP_FLOOR = -1.0e4
 
 
@@ -88,7 +90,7 @@ def chunked_transformed_logprobs(
     top_k: jax.Array,
     top_p: jax.Array,
     *,
-    chunk_size: int = 256,
+    chunk_size: int = LOGPROB_CHUNK,
 ) -> jax.Array:
     """`transformed_logprob` from hidden states [B, K, D] and unembedding [D, V] for targets
     and transforms [B, K]: [B, K] float32. Chunked over K with rematerialisation, so one

@@ -15,13 +15,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# Positions per chunk of the LM head: bounds the [B, chunk, V] logits alive at once. The default
+# of every log-prob path (model, decoding, learner, warm start, memory plan).
+LOGPROB_CHUNK = 256
+
 
 def chunked_token_logprobs(
     hidden: jax.Array,
     unembedding: jax.Array,
     targets: jax.Array,
     *,
-    chunk_size: int = 256,
+    chunk_size: int = LOGPROB_CHUNK,
     temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-prob of each target token and the entropy of each predictive distribution.

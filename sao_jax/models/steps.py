@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from sao_jax.models.config import MoeAuxConfig
+from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.models.transformer import Transformer
 from sao_jax.sharding import LogicalRules, named_sharding, state_shardings
 
@@ -70,7 +71,7 @@ def next_token_loss(
     tokens: jax.Array,
     loss_mask: jax.Array,
     *,
-    chunk_size: int = 256,
+    chunk_size: int = LOGPROB_CHUNK,
     moe_aux: MoeAuxConfig | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """Mean next-token NLL over `loss_mask` plus the weighted MoE auxiliary loss.
@@ -104,7 +105,7 @@ def make_lm_train_step(
     mesh: jax.sharding.Mesh | None = None,
     rules: LogicalRules | None = None,
     batch_shape: tuple[int, int] | None = None,
-    chunk_size: int = 256,
+    chunk_size: int = LOGPROB_CHUNK,
 ) -> tuple[tuple[nnx.State, Any], Callable]:
     """A next-token training step, jitted with explicit shardings, params and optimizer donated.
 

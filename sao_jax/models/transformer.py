@@ -33,7 +33,7 @@ from sao_jax.models.layers import (
     attention_context,
     dense,
 )
-from sao_jax.models.logprobs import chunked_token_logprobs, take_positions
+from sao_jax.models.logprobs import LOGPROB_CHUNK, chunked_token_logprobs, take_positions
 from sao_jax.models.moe import MoeAux, MoeBlock, MoeStats
 from sao_jax.models.moe_dispatch import get_dispatch
 from sao_jax.sharding import LogicalRules, init_sharded, one_off_compiler_options, shard
@@ -275,7 +275,7 @@ class Transformer(Backbone):
         hidden: jax.Array,
         targets: jax.Array,
         *,
-        chunk_size: int = 256,
+        chunk_size: int = LOGPROB_CHUNK,
         temperature: float = 1.0,
         at: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array]:

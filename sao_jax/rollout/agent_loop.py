@@ -1,4 +1,7 @@
-"""Multi-turn ALFWorld episodes on a batch of envs, one KV-cache slot per env.
+"""Multi-turn episodes of any `TextEnv` on a batch of envs, one KV-cache slot per env.
+
+The loop speaks to the envs only through the protocol of `sao_jax.envs.base`: `reset` /
+`step` / `rewards` on the env, prompts and reply parsing from its class's `harness`.
 
 Continuous batching ("slot refill"): whenever a slot's reply is complete, its env steps at
 once and the slot is refilled with the next turn's prompt (or a new game) at the next
@@ -33,14 +36,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from atdp_io import DecodingParams
-from sao_jax.envs.alfworld import (
-    EXPERTS,
-    AlfworldEnv,
-    BatchedAlfworldEnv,
-    GameSampler,
-    parse_reply,
+from sao_jax.envs.base import (
+    INFO_KEYS,
+    STEP_INFO_KEYS,
+    RewardWeights,
+    TextEnv,
+    check_info,
+    check_prompt_style,
+    turn_rewards,
 )
-from sao_jax.envs.alfworld.harness import check_prompt_style
+from sao_jax.envs.registry import EnvConfig
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
 from sao_jax.rollout.run_ids import (
@@ -55,6 +60,9 @@ from sao_jax.rollout.sampling import SamplingParams
 from sao_jax.tokenizers import Tokenizer
 
 REFILL_MODES = ("continuous", "lockstep")
+
+
+__all__ = ["REFILL_MODES", "AgentLoop", "EnvConfig", "RolloutConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +144,11 @@ class RolloutConfig:
         # Validates temperature / top_k / top_p with the sampler's own messages.
         SamplingParams(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
 
+    @property
+    def reward_weights(self) -> RewardWeights:
+        """The reward settings the env's reward hook (`TextEnv.rewards`) reads."""
+        return RewardWeights(self.win_reward, self.invalid_reply_penalty, self.inadmissible_penalty)
+
     def sampling(self, stop_ids: Sequence[int], seed: int) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature,
@@ -147,51 +160,11 @@ class RolloutConfig:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class EnvConfig:
-    """Which ALFWorld games are played and how (see `AlfworldEnv`).
-
-    expert: which expert demos and DAgger relabelling ask (`env.expert_action()`): "search"
-      (acts only on the episode's texts, so a text-only policy can imitate it) or "oracle"
-      (the planner that reads the true world state; upper bounds and tests).
-    """
-
-    split: str = "train"
-    size: str = "small"
-    phrasing: str = "0.4.2"
-    max_steps: int = 50
-    seed: int = 0
-    expert: str = "search"
-
-    def __post_init__(self):
-        if self.expert not in EXPERTS:
-            raise ValueError(f"EnvConfig.expert must be one of {EXPERTS}, got {self.expert!r}")
-
-    def make_envs(
-        self, num_envs: int, *, indices: Sequence[int] | None = None
-    ) -> list[AlfworldEnv]:
-        """`num_envs` envs sharing one game stream (distinct games until the split runs out)."""
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
-        sampler = GameSampler(self.split, seed=self.seed, indices=indices)
-        return [
-            AlfworldEnv(
-                self.split,
-                size=self.size,
-                phrasing=self.phrasing,
-                max_steps=self.max_steps,
-                sampler=sampler,
-                expert=self.expert,
-            )
-            for _ in range(num_envs)
-        ]
-
-
 @dataclasses.dataclass
 class _Slot:
     """The episode in progress in one slot and its current turn."""
 
-    env: AlfworldEnv
+    env: TextEnv
     episode_id: str
     game_index: int
     group_id: int
@@ -217,7 +190,8 @@ class AgentLoop:
     Args:
       sampler: the policy's sampler (its weights and version are read at every dispatch).
       tokenizer: the policy's tokenizer (ChatML markers required).
-      envs: a list of `AlfworldEnv` or a `BatchedAlfworldEnv` (its envs are used directly).
+      envs: `TextEnv`s of one class (e.g. `EnvConfig.make_envs`), or a batched env whose
+        `envs` are (a `BatchedAlfworldEnv`: they are used directly).
       config: `RolloutConfig`.
       worker_id, run_id: make episode ids unique across workers and runs (run_id None: a
         random one). A run_id the ATDP writer would redact is a `ValueError` here.
@@ -227,15 +201,19 @@ class AgentLoop:
         self,
         sampler: Sampler,
         tokenizer: Tokenizer,
-        envs: Sequence[AlfworldEnv] | BatchedAlfworldEnv,
+        envs: Sequence[TextEnv],
         config: RolloutConfig = RolloutConfig(),
         *,
         worker_id: int = 0,
         run_id: str | None = None,
     ):
-        envs = list(envs.envs if isinstance(envs, BatchedAlfworldEnv) else envs)
-        if not envs or not all(isinstance(e, AlfworldEnv) for e in envs):
-            raise ValueError("AgentLoop needs a non-empty list of AlfworldEnv (or a batched env)")
+        envs = list(getattr(envs, "envs", envs))
+        if not envs or not all(isinstance(e, TextEnv) for e in envs):
+            raise ValueError("AgentLoop needs a non-empty list of TextEnv (or a batched env)")
+        if len({type(e) for e in envs}) > 1:
+            raise ValueError(
+                f"AgentLoop needs envs of one class, got {sorted({type(e).__name__ for e in envs})}"
+            )
         model = sampler.config
         if config.max_context_tokens > model.max_seq_len:
             raise ValueError(
@@ -256,7 +234,8 @@ class AgentLoop:
             longest = rollout_episode_id(run_id, worker_id, MAX_GROUPS, config.group_size - 1)
             check_run_id(run_id, (shortest, longest), owner="AgentLoop")
         self.run_id = run_id
-        self.prompts = PromptBuilder.for_rollout(tokenizer, config)
+        self.harness = type(envs[0]).harness
+        self.prompts = PromptBuilder.for_rollout(tokenizer, config, self.harness)
         self.stop_ids = tuple(tokenizer.stop_ids)
         stop_names = tuple(tokenizer.decode([i]) for i in self.stop_ids)
         self.decoding = DecodingParams(
@@ -283,8 +262,8 @@ class AgentLoop:
         """Play until `games` runs out, `max_episodes` have started, or `stop()`; yield each
         finished group (its G episodes in member order).
 
-        games: game indices of the envs' split (each played `group_size` times); default the
-          envs' own endless game stream.
+        games: task indices of the envs' split (each played `group_size` times); default the
+          envs' own endless task stream (their shared `TaskSampler`).
         admit(n, block): asked before starting a group of n episodes; `block` is True when no
           slot is busy (wait for room, or return False to end the play).
         before_dispatch(): called before every prefill / decode (the weight-sync point).
@@ -381,6 +360,7 @@ class AgentLoop:
     def _start(self, b: int, index: int, group: int, member: int) -> _Slot:
         env = self.envs[b]
         observation, info = env.reset(index)
+        check_info(info, INFO_KEYS, f"{type(env).__name__}.reset")
         ids = self.prompts.first(info["task"], observation, info["admissible_commands"])
         if len(ids) + self.config.max_new_tokens > self.config.max_context_tokens:
             raise ValueError(
@@ -485,9 +465,16 @@ class AgentLoop:
         config = self.config
         out_ids = np.asarray(slot.out_ids, np.int32)
         reply = self.tokenizer.decode(out_ids, skip_special_tokens=True)
-        parsed = parse_reply(reply, think=config.think)
+        parsed = self.harness.parse_reply(reply, think=config.think)
         command = parsed.action if parsed.valid else ""
         observation, won_reward, done, info = slot.env.step(command)
+        check_info(info, STEP_INFO_KEYS, f"{type(slot.env).__name__}.step")
+        env_reward, format_reward = slot.env.rewards(
+            won_reward,
+            valid_reply=parsed.valid,
+            admissible=bool(info["admissible"]),
+            weights=config.reward_weights,
+        )
         slot.turns.append(
             Turn(
                 input_ids=np.asarray(slot.input_ids, np.int32),
@@ -504,11 +491,12 @@ class AgentLoop:
                 next_observation=observation,
                 admissible=bool(info["admissible"]),
                 won=bool(info["won"]),
-                env_reward=config.win_reward * float(won_reward),
-                format_reward=_reply_penalty(config, parsed.valid, bool(info["admissible"])),
+                env_reward=env_reward,
+                format_reward=format_reward,
                 seed=slot.seed,
                 started_at=slot.turn_started,
                 latency_s=time.time() - slot.turn_started,
+                info=info,
             )
         )
         slot.history.append((slot.observation, command))
@@ -534,13 +522,13 @@ class AgentLoop:
         return Episode(
             episode_id=slot.episode_id,
             source="rollout",
+            env=env.name,
             split=env.split,
             game_index=slot.game_index,
-            game_id=info["game_id"],
+            game_id=str(info["task_id"]),
             task=info["task"],
             task_type=info["task_type"],
-            size=env.size,
-            phrasing=env.phrasing,
+            env_spec=env.task_spec(),
             max_steps=env.max_steps,
             layout=self.config.layout,
             group_id=slot.group_id,
@@ -559,7 +547,7 @@ class AgentLoop:
 
 
 def _reply_penalty(config: RolloutConfig, valid: bool, admissible: bool) -> float:
-    """The turn's reply-shape reward: malformed reply, else an inadmissible command, else 0."""
-    if not valid:
-        return config.invalid_reply_penalty
-    return 0.0 if admissible else config.inadmissible_penalty
+    """The turn's reply-shape reward of the default reward hook: malformed reply, else an
+    inadmissible command, else 0."""
+    weights = config.reward_weights
+    return turn_rewards(0.0, valid_reply=valid, admissible=admissible, weights=weights)[1]

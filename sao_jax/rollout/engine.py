@@ -143,7 +143,7 @@ class RolloutEngine:
             self.loops.append(
                 AgentLoop(sampler, tokenizer, envs, rollout, worker_id=w, run_id=self.run_id)
             )
-        self._stats = RolloutStats()
+        self._stats = RolloutStats(env.env_class.task_types)
         self._cond = threading.Condition()
         self._budget = AdmissionBudget(
             config.max_staleness, config.episodes_per_version, first_version=snapshot.version
@@ -221,7 +221,7 @@ class RolloutEngine:
             groups // len(self.loops) + (w < groups % len(self.loops))
             for w in range(len(self.loops))
         ]
-        batch = RolloutStats()
+        batch = RolloutStats(self.env.env_class.task_types)
         self._stop.clear()
         threads = [
             threading.Thread(

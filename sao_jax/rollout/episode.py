@@ -1,4 +1,4 @@
-"""A finished ALFWorld episode and its ATDP record.
+"""A finished episode of any `TextEnv` and its ATDP record.
 
 Each turn becomes two events: an `llm_call` (the lossless call: every input id, the sampled
 ids, their temperature-1 log-probs and per-token policy versions, decoding parameters, the
@@ -11,6 +11,7 @@ the action token of the turn that earned them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -55,13 +56,14 @@ class Turn:
     parse_error: str | None
     observation: str  # what the model saw this turn
     next_observation: str  # what the env answered
-    admissible: bool  # the command was admissible
+    admissible: bool  # the env accepted the command (ALFWorld: one of its admissible commands)
     won: bool
     env_reward: float  # win_reward on the winning step, else 0
     format_reward: float  # invalid_reply_penalty (malformed) / inadmissible_penalty, else 0
     seed: int
     started_at: float
     latency_s: float
+    info: Mapping = dataclasses.field(default_factory=dict)  # the env's step info (not stored)
 
     @property
     def policy_version(self) -> int:
@@ -71,7 +73,13 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Episode:
-    """A finished episode on one game, with everything its ATDP record needs."""
+    """A finished episode on one task, with everything its ATDP record needs.
+
+    env: the env's registry name; split, game_index: the task (its index in the split);
+    game_id: the env's stable task id (`info["task_id"]`); task, task_type: the task text and
+    its category ("" if none); env_spec: the env's own keys of `header.task`
+    (`TextEnv.task_spec()`, e.g. ALFWorld's size and phrasing).
+    """
 
     episode_id: str
     source: str  # "rollout" | "expert_demo"
@@ -80,8 +88,6 @@ class Episode:
     game_id: str
     task: str
     task_type: str
-    size: str
-    phrasing: str
     max_steps: int
     layout: str
     group_id: int
@@ -96,6 +102,8 @@ class Episode:
     worker_id: int
     started_at: float
     group_key: str = ""  # unique per group (`rollout_group_id`); "" = a group of its own
+    env: str = "alfworld"
+    env_spec: Mapping = dataclasses.field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -125,13 +133,12 @@ class Episode:
         return min(versions, default=0)
 
     def task_spec(self) -> dict:
-        """How to rebuild this episode's environment (header.task)."""
+        """How to rebuild this episode's environment (header.task; `env_from_task_spec`)."""
         return {
-            "env": "alfworld",
+            "env": self.env,
             "split": self.split,
             "index": self.game_index,
-            "size": self.size,
-            "phrasing": self.phrasing,
+            **self.env_spec,
             "max_steps": self.max_steps,
             "game_id": self.game_id,
             "task_type": self.task_type,

@@ -1,4 +1,5 @@
-"""Batched greedy evaluation on an ALFWorld split: success overall and per task type.
+"""Batched greedy evaluation on a split of any registered env: success overall and per task
+type.
 
 Every game of the split (or the first `num_games`) is played exactly once with greedy
 decoding over `num_envs` KV-cache slots. MoE routing in the sampler is dropless and each
@@ -12,7 +13,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from sao_jax.envs.alfworld import SPLITS
 from sao_jax.models import Transformer
 from sao_jax.rollout.agent_loop import AgentLoop, EnvConfig, RolloutConfig
 from sao_jax.rollout.sampler import Sampler
@@ -112,13 +112,18 @@ def evaluate(
     policy: a `Sampler` (reuse one across evaluations: it keeps its compiled kernels; set its
       weights with `update_weights` first) or a `Transformer` (a fresh sampler is built).
     rollout: prompt / layout / reward settings; decoding is forced greedy and group_size 1.
-    env: size, phrasing and max_steps of the games (its split and seed are ignored).
+    env: which env (`EnvConfig.name`, default ALFWorld) and its settings (max_steps, ALFWorld's
+      size and phrasing); its split and seed are ignored.
     shard: (index, count): play only games index, index + count, ... of those (each process
       of a multi-host job plays its own; `EvalResult.combine` merges the results).
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLITS)}")
-    total = SPLITS[split]
+    env = env or EnvConfig()
+    splits = env.env_class.splits
+    if split not in splits:
+        raise ValueError(
+            f"unknown split {split!r} of {env.name!r}; expected one of {sorted(splits)}"
+        )
+    total = splits[split]
     n = total if num_games is None else num_games
     if not isinstance(n, int) or not 1 <= n <= total:
         raise ValueError(f"num_games must be in [1, {total}] for {split!r}, got {num_games!r}")
@@ -129,11 +134,11 @@ def evaluate(
     rollout = dataclasses.replace(
         rollout or RolloutConfig(), temperature=0.0, top_k=0, top_p=1.0, group_size=1
     )
-    env = dataclasses.replace(env or EnvConfig(), split=split)
+    env = dataclasses.replace(env, split=split)
     if isinstance(policy, Transformer):
         policy = Sampler(policy, pad_id=tokenizer.pad_id)
     start = time.perf_counter()
-    stats = RolloutStats()
+    stats = RolloutStats(env.env_class.task_types)
     if games:  # a shard may be empty when there are more processes than games
         envs = env.make_envs(min(num_envs, len(games)))
         loop = AgentLoop(policy, tokenizer, envs, rollout, run_id=f"eval-{split}")

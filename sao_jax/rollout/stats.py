@@ -6,7 +6,6 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from sao_jax.envs.alfworld import TASK_TYPES
 from sao_jax.rollout.episode import Episode
 
 
@@ -17,14 +16,15 @@ class RolloutStats:
     generated_tokens, prompt_tokens, invalid_replies, invalid_reply_rate, inadmissible_commands,
     inadmissible_rate (well-formed commands the room does not admit, per env step), avg_steps,
     truncated_context, truncated_step_limit, dropped_stale, weight_syncs, rollout_seconds
-    (0 until counted), every other counter given to `add`, and `by_task_type` = {task type: {episodes, won,
-    success_rate}}.
+    (0 until counted), every other counter given to `add`, and `by_task_type` = {task type:
+    {episodes, won, success_rate}} over `task_types` (the env's `TextEnv.task_types`: listed
+    even before an episode of theirs) and every type seen.
     """
 
-    def __init__(self):
+    def __init__(self, task_types: Sequence[str] = ()):
         self._lock = threading.Lock()
         self._counts: Counter = Counter()
-        self._by_type = {t: [0, 0] for t in TASK_TYPES}  # [episodes, won]
+        self._by_type = {t: [0, 0] for t in task_types}  # [episodes, won]
 
     def add(self, key: str, value: float = 1) -> None:
         with self._lock:

@@ -100,6 +100,11 @@ class RuleBasedAlfworldAnalyzer(Analyzer):
                 f"{self.name}: episode {record.trajectory_id!r} has no game spec (split, index); "
                 "the rule-based analyzer reads the game's ground truth"
             )
+        if spec.get("env", "alfworld") != "alfworld":
+            raise ValueError(
+                f"{self.name}: episode {record.trajectory_id!r} is of env {spec['env']!r}; the "
+                "rule-based analyzer reads ALFWorld games only (use self_policy or openai)"
+            )
         game = make_game(spec["split"], int(spec["index"]), size=spec.get("size", "full"))
         plan = _plan(game)
         if record.success:

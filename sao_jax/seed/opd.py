@@ -4,7 +4,7 @@
 (2) let the analyzer (normally the current policy, refreshed to the learner's latest weights)
 write one skill per trajectory, (3) re-score the same action tokens with that skill's block in
 context (`skill_logp`, one jitted forward) and then (4) run the algorithm's update with
-`opd_lambda * seed_opd_loss(logp, skill_logp, mask)` added (`sao_seed` / `grpo_seed`).
+`LearnerConfig.opd.weight * seed_opd_loss(logp, skill_logp, mask)` added (`sao_seed` / `grpo_seed`).
 Inference never sees a skill. Cost metrics: `seed/analysis_seconds`, `seed/rescore_seconds`.
 """
 

@@ -2,13 +2,14 @@
 
 Two sources: an ATDP trajectory (stage 1, the skill bank; carries the game spec, so the
 rule-based analyzer can read the game's ground truth) and a learner batch (stage 2: the rows of
-each trajectory are decoded back to text, so skills need no lookup by trajectory id).
+each trajectory are decoded back to text, so skills need no lookup by trajectory id). Both read
+the env's texts through its `PromptHarness` (`sao_jax.envs.base`): replies with
+`parse_reply`, decoded prompts with `read_prompt`, task types with `task_type_of`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -16,18 +17,8 @@ import numpy as np
 from atdp_io import EventKind, Governance, SourceRef, Trajectory
 from atdp_io import lineage as lineage_lib
 from atdp_io.trained_on import BATCH_KEY, decode_ref
-from sao_jax.envs.alfworld import parse_reply
-from sao_jax.envs.alfworld.game import TASK_TEMPLATES
+from sao_jax.envs.registry import env_class, env_from_task_spec
 from sao_jax.tokenizers import Tokenizer
-
-_TASK = re.compile(r"Your task is to: (.*?)\.\s*$", re.MULTILINE)
-# Every task sentence of each type, objects and receptacles as single words (display names).
-_TASK_SENTENCES = [
-    (task_type, re.compile(re.escape(t).replace(r"\{obj\}", r"\w+").replace(r"\{recep\}", r"\w+")))
-    for task_type, pair in TASK_TEMPLATES.items()
-    for t in pair
-]
-_OBSERVATION = re.compile(r"current observation is: (.*?)\n\s*Your admissible", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +28,7 @@ class EpisodeRecord:
     Attributes:
       trajectory_id: ATDP id of the episode ("" when decoded from a batch).
       task: the task sentence ("put a mug in cabinet").
-      task_type: ALFWorld task type ("" when unknown).
+      task_type: the env's task type ("" when unknown).
       actions: the commands the agent chose, in order (an unparseable reply is "").
       observations: what the agent saw before each action (may be shorter than `actions`).
       success: whether the episode was won.
@@ -72,12 +63,11 @@ def from_trajectory(trajectory: Trajectory) -> EpisodeRecord:
     actions = tuple(e.action.text if e.action else "" for e in calls)
     observations = tuple(e.observation or "" for e in calls)
     sentence = str(task.get("sentence", ""))
-    if not sentence:
-        for event in calls:
-            match = _TASK.search(event.observation or "")
-            if match:
-                sentence = match.group(1)
-                break
+    harness = env_class(str(task.get("env", "alfworld"))).harness
+    for event in calls if not sentence else ():
+        sentence = harness.read_prompt(event.observation or "")[0]
+        if sentence:
+            break
     success = bool(trajectory.outcome and trajectory.outcome.success)
     return EpisodeRecord(
         trajectory_id=trajectory.trajectory_id,
@@ -93,23 +83,29 @@ def from_trajectory(trajectory: Trajectory) -> EpisodeRecord:
 
 
 def _task_from_game(task: Mapping) -> str:
+    """The task text of the stored episode's task (its env rebuilt and reset)."""
     if "split" not in task or "index" not in task:
         return ""
-    from sao_jax.envs.alfworld import make_game
-
-    return make_game(task["split"], int(task["index"]), size=task.get("size", "full")).task.sentence
+    _, info = env_from_task_spec(task).reset(int(task["index"]))
+    return str(info["task"])
 
 
 def from_batch(
-    batch: Mapping[str, np.ndarray], tokenizer: Tokenizer, *, think: bool = False
+    batch: Mapping[str, np.ndarray],
+    tokenizer: Tokenizer,
+    *,
+    think: bool = False,
+    env: str = "alfworld",
 ) -> dict[int, EpisodeRecord]:
     """Records of the trajectories of a learner batch, keyed by `traj_index`.
 
     A loader batch names each slot's trajectory (`trajectory_refs`): the records carry it as
     their `source`, so skills written from them keep their lineage. Rows of a trajectory are read in `turn_index` order; each contiguous run of `loss_mask`
     tokens is one reply (so windowed and concat rows both work); the task comes from the
-    first prompt, success from a positive reward anywhere in the trajectory.
+    first prompt, success from a positive reward anywhere in the trajectory. `env`: the env
+    whose harness reads the texts (replies, prompts, task types).
     """
+    harness = env_class(env).harness
     tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"]) > 0
     real = np.asarray(batch["segment_ids"]) > 0
     rewards, traj = np.asarray(batch["rewards"]), np.asarray(batch["traj_index"])
@@ -122,15 +118,16 @@ def from_batch(
         for r in rows:
             for start, end in _mask_spans(mask[r]):
                 reply = tokenizer.decode(tokens[r, start:end], skip_special_tokens=True)
-                actions.append(parse_reply(reply, think=think).action or "")
+                actions.append(harness.parse_reply(reply, think=think).action or "")
             context = tokenizer.decode(tokens[r][real[r] & ~mask[r]], skip_special_tokens=True)
-            task = task or _first(_TASK, context)
-            observations += [m.strip() for m in _OBSERVATION.findall(context)]
+            found_task, found_observations = harness.read_prompt(context)
+            task = task or found_task
+            observations += found_observations
         source = decode_ref(refs[k]) if refs is not None else None
         records[int(k)] = EpisodeRecord(
             trajectory_id=source.trajectory_id if source else "",
             task=task,
-            task_type=task_type_of(task),
+            task_type=harness.task_type_of(task),
             actions=tuple(actions),
             observations=tuple(observations),
             success=bool(np.any(rewards[rows] > 0)),
@@ -139,20 +136,12 @@ def from_batch(
     return records
 
 
-def task_type_of(sentence: str) -> str:
-    """The ALFWorld task type whose sentence template `sentence` fits ("" if none)."""
-    for task_type, pattern in _TASK_SENTENCES:
-        if pattern.fullmatch(sentence):
-            return task_type
-    return ""
+def task_type_of(sentence: str, env: str = "alfworld") -> str:
+    """The task type of `env` whose task text `sentence` is ("" if none)."""
+    return env_class(env).harness.task_type_of(sentence)
 
 
 def _mask_spans(mask_row: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) of each run of True in a 1-D mask."""
     edges = np.diff(np.concatenate([[0], mask_row.astype(np.int8), [0]]))
     return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
-
-
-def _first(pattern: re.Pattern, text: str) -> str:
-    match = pattern.search(text)
-    return match.group(1) if match else ""

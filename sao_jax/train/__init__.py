@@ -6,7 +6,16 @@ Data flow: `atdp_io` loader batch -> `Learner.iteration` (critic values -> linke
 
 from sao_jax.train.advantages import grouped_advantages, prompt_group_ids
 from sao_jax.train.algorithms import ALGORITHMS, Algorithm, get_algorithm, register_algorithm
-from sao_jax.train.config import LearnerConfig, OptimizerConfig
+from sao_jax.train.config import (
+    ClipConfig,
+    CriticConfig,
+    DisConfig,
+    GaeConfig,
+    GroupConfig,
+    LearnerConfig,
+    OpdConfig,
+    OptimizerConfig,
+)
 from sao_jax.train.learner import Learner, LearnerCounters
 from sao_jax.train.partition import split_trainable, trainable_filter
 from sao_jax.train.steps import make_optimizer
@@ -16,9 +25,15 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "BehaviourCloner",
+    "ClipConfig",
+    "CriticConfig",
+    "DisConfig",
+    "GaeConfig",
+    "GroupConfig",
     "Learner",
     "LearnerConfig",
     "LearnerCounters",
+    "OpdConfig",
     "OptimizerConfig",
     "get_algorithm",
     "grouped_advantages",

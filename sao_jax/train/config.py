@@ -1,7 +1,10 @@
-"""Typed learner configuration: optimizers, trainable-parameter patterns, algorithm knobs.
+"""Typed learner configuration: optimizers, trainable-parameter patterns, and one nested config
+per algorithm family, so an override names what it tunes (`learner.dis.eps_low=0.2`,
+`learner.critic.steps=4`, `learner.policy_optimizer.learning_rate=3e-5`).
 
 Plain dataclasses, so an experiment can nest them in its own config and override any field
-from the command line (`learner.critic_steps=4`, `learner.policy_optimizer.learning_rate=3e-5`).
+from the command line. Defaults that a loss function also has come from that function's module
+(`sao_jax.losses`), so each is defined once.
 """
 
 from __future__ import annotations
@@ -9,12 +12,19 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from sao_jax.losses.gae import ADAPTIVE_LAMBDA_ALPHA
+from sao_jax.losses.ppo import CLIP_EPS_HIGH, CLIP_EPS_LOW
+from sao_jax.losses.sao import DIS_EPS_HIGH, DIS_EPS_LOW
+from sao_jax.losses.seed import OPD_BETA, OPD_MODES
 from sao_jax.models.config import MoeAuxConfig
+from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.train.algorithms import get_algorithm
 
 # Paths are "/"-joined nnx paths: `embed/embedding`, `layers/0/attn/q_proj/kernel`,
 # `layers/0/moe/experts/gate_proj`, `layers/1/mlp/up_proj/kernel`, `value_head/kernel`.
 ALL_PARAMETERS: tuple[str, ...] = (".*",)
+# Packed row counts are this multiple times 1, 2, 3, 4, 6, 8, ... (`packing.bucket_rows`).
+PACK_ROW_MULTIPLE = 8
 # SAO's critic: attention (and embeddings / norms) frozen, MoE / MLP projections + head train.
 CRITIC_FFN_AND_HEAD: tuple[str, ...] = (r"(^|/)(moe|mlp)/", r"^value_head/")
 
@@ -61,36 +71,175 @@ class OptimizerConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
 
+def _check_range(owner: str, name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{owner}.{name} must be in [{low}, {high}], got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DisConfig:
+    """DIS (SAO, GRPO+DIS): a token whose rollout ratio r leaves (1 - eps_low, 1 + eps_high)
+    gets no gradient (`sao_jax.losses.sao_policy_loss`).
+
+    Attributes:
+      eps_low: lower bound: tokens with r <= 1 - eps_low are masked.
+      eps_high: upper bound: tokens with r >= 1 + eps_high are masked.
+    """
+
+    eps_low: float = DIS_EPS_LOW
+    eps_high: float = DIS_EPS_HIGH
+
+    def __post_init__(self):
+        if not (0 <= self.eps_low <= 1 and self.eps_high >= 0):
+            raise ValueError(
+                f"DisConfig: need 0 <= eps_low <= 1 and eps_high >= 0, got {self.eps_low}, "
+                f"{self.eps_high}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipConfig:
+    """The clipped surrogate (PPO, GRPO; `sao_jax.losses.ppo_clip_loss`).
+
+    Attributes:
+      eps_low: lower clip range: the ratio is clipped at 1 - eps_low.
+      eps_high: upper clip range: the ratio is clipped at 1 + eps_high.
+      ppo_epochs: policy steps per batch of an algorithm whose ratio is against the learner's
+        own policy at the start of the iteration (PPO: one step would never clip).
+    """
+
+    eps_low: float = CLIP_EPS_LOW
+    eps_high: float = CLIP_EPS_HIGH
+    ppo_epochs: int = 2
+
+    def __post_init__(self):
+        if not (0 <= self.eps_low <= 1 and self.eps_high >= 0):
+            raise ValueError(
+                f"ClipConfig: need 0 <= eps_low <= 1 and eps_high >= 0, got {self.eps_low}, "
+                f"{self.eps_high}"
+            )
+        if self.ppo_epochs < 1:
+            raise ValueError(f"ClipConfig.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GaeConfig:
+    """Action-only GAE of the critic-based algorithms (SAO, PPO; `sao_jax.losses.linked_gae`).
+
+    Attributes:
+      gamma: discount per action token.
+      lam_alpha: length-adaptive policy lambda = clip(1 - 1 / (lam_alpha * L), 0, 1), L the
+        trajectory's action tokens.
+      policy_lam: a fixed policy lambda instead of the adaptive one (None: adaptive).
+      normalize_advantages: whiten the advantages over the batch's action tokens.
+    """
+
+    gamma: float = 1.0
+    lam_alpha: float = ADAPTIVE_LAMBDA_ALPHA
+    policy_lam: float | None = None
+    normalize_advantages: bool = False
+
+    def __post_init__(self):
+        _check_range("GaeConfig", "gamma", self.gamma, 0.0, 1.0)
+        if self.policy_lam is not None:
+            _check_range("GaeConfig", "policy_lam", self.policy_lam, 0.0, 1.0)
+        if not self.lam_alpha > 0:
+            raise ValueError(f"GaeConfig.lam_alpha must be > 0, got {self.lam_alpha}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+    """How the critic trains (algorithms with `Algorithm.uses_critic`).
+
+    Attributes:
+      steps: critic gradient steps per policy step (K; SAO: 2).
+      warmup_steps: critic-only iterations before the first policy step.
+      lam: lambda of the critic's targets (1: Monte-Carlo returns).
+      value_clip: PPO-style value clipping range of the critic loss (None: off).
+    """
+
+    steps: int = 2
+    warmup_steps: int = 10
+    lam: float = 1.0
+    value_clip: float | None = None
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"CriticConfig.steps must be >= 1, got {self.steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"CriticConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check_range("CriticConfig", "lam", self.lam, 0.0, 1.0)
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"CriticConfig.value_clip must be > 0 or None, got {self.value_clip}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupConfig:
+    """GRPO's group-relative advantages (`sao_jax.losses.group_advantages`).
+
+    Attributes:
+      size: rollouts per prompt (G), used to check batches hold whole groups.
+      normalize_std: divide by the group's std (False: subtract the mean only).
+    """
+
+    size: int = 4
+    normalize_std: bool = True
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ValueError(f"GroupConfig.size must be >= 1, got {self.size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpdConfig:
+    """SEED's on-policy distillation term (algorithms with `Algorithm.opd`;
+    `sao_jax.losses.seed_opd_loss`).
+
+    Attributes:
+      weight: the term's weight in the policy loss (lambda in SEED).
+      beta: gate sharpness of the gated form.
+      mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
+      clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
+    """
+
+    weight: float = 0.01
+    beta: float = OPD_BETA
+    mode: str = OPD_MODES[0]
+    clip: float | None = None
+
+    def __post_init__(self):
+        if self.weight < 0 or self.beta < 0:
+            raise ValueError(
+                f"OpdConfig.weight / beta must be >= 0, got {self.weight} / {self.beta}"
+            )
+        if self.mode not in OPD_MODES:
+            raise ValueError(f"OpdConfig.mode must be one of {OPD_MODES}, got {self.mode!r}")
+        if self.clip is not None and (self.mode != "signed" or self.clip <= 0):
+            raise ValueError("OpdConfig.clip must be > 0 and needs mode='signed'")
+
+
 @dataclasses.dataclass
 class LearnerConfig:
     """What the learner optimises and how.
 
     Attributes:
-      algorithm: "sao", "grpo", "grpo_dis", "ppo" (see sao_jax.train.algorithms.ALGORITHMS).
+      algorithm: "sao", "grpo", "grpo_dis", "ppo", "sao_seed", "grpo_seed" (see
+        sao_jax.train.algorithms.ALGORITHMS); its record says which nested config below it
+        reads (`Algorithm.ratio_bounds`: dis or clip; `uses_critic`: gae, critic;
+        `advantage="group"`: group; `opd`: opd).
       policy_optimizer: optimizer of the policy's trainable parameters.
       critic_optimizer: optimizer of the critic's trainable parameters.
       policy_trainable: regexes (searched in "/"-joined nnx paths) of policy parameters that
         train; the rest stay frozen.
       critic_trainable: regexes of critic parameters that train (SAO: MoE / MLP and value head).
-      eps_low: DIS lower bound: tokens with rollout ratio <= 1 - eps_low get no gradient.
-      eps_high: DIS upper bound: tokens with rollout ratio >= 1 + eps_high get no gradient.
-      clip_eps_low: lower clip range of the PPO / GRPO surrogate.
-      clip_eps_high: upper clip range of the PPO / GRPO surrogate.
-      critic_steps: critic gradient steps per policy step (K; SAO: 2).
-      critic_warmup_steps: critic-only iterations before the first policy step.
-      ppo_epochs: policy steps per batch for PPO (its ratio is against the policy at the
-        start of the iteration, so one step would never clip).
-      gamma: discount per action token.
-      lam_alpha: length-adaptive policy lambda = clip(1 - 1 / (lam_alpha * L), 0, 1), L the
-        trajectory's action tokens.
-      policy_lam: a fixed policy lambda instead of the adaptive one (None: adaptive).
-      critic_lam: lambda of the critic's targets (1: Monte-Carlo returns).
-      value_clip: PPO-style value clipping range of the critic loss (None: off).
-      group_size: GRPO rollouts per prompt (G), used to check batches hold whole groups.
-      group_normalize_std: GRPO advantages divided by the group's std (False: mean only).
-      normalize_advantages: whiten GAE advantages over the batch's action tokens.
-      entropy_coef: weight of an entropy bonus on the policy (0: none).
+      dis: DIS ratio bounds (SAO, GRPO+DIS).
+      clip: clipped-surrogate range and PPO's epochs (PPO, GRPO).
+      gae: discount and lambdas of the GAE advantages (SAO, PPO).
+      critic: critic steps, warm-up, target lambda, value clipping (SAO, PPO).
+      group: GRPO's group size and normalisation.
+      opd: SEED's distillation term (sao_seed, grpo_seed).
       moe: weights of the MoE auxiliary losses (policy and critic).
+      entropy_coef: weight of an entropy bonus on the policy (0: none).
       reset_optimizer_on_sync: re-initialise the policy optimizer state whenever weights are
         published to the rollout workers.
       logprob_chunk_size: sequence chunk of the log-prob computation (memory of [B, chunk, V]).
@@ -100,10 +249,6 @@ class LearnerConfig:
       max_action_tokens_per_row: with head_positions="actions", the static per-row capacity K
         of gathered action tokens (a batch with a fuller row is refused); None: K follows each
         batch (its fullest row, bucketed; a few compiled shapes).
-      opd_lambda: weight of SEED's on-policy distillation term (algorithms with `opd`).
-      opd_beta: gate sharpness of the gated OPD form.
-      opd_mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
-      opd_clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
       pack_rows: run the backbone on the batch's real tokens only, its rows packed several
         to a row of the batch's length (`sao_jax.train.packing`; results are read back in the
         batch's own layout, so losses and advantages are unchanged), and a learner iteration
@@ -125,39 +270,25 @@ class LearnerConfig:
     )
     policy_trainable: tuple[str, ...] = ALL_PARAMETERS
     critic_trainable: tuple[str, ...] = CRITIC_FFN_AND_HEAD
-    eps_low: float = 0.3
-    eps_high: float = 5.0
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    critic_steps: int = 2
-    critic_warmup_steps: int = 10
-    ppo_epochs: int = 2
-    gamma: float = 1.0
-    lam_alpha: float = 1.5
-    policy_lam: float | None = None
-    critic_lam: float = 1.0
-    value_clip: float | None = None
-    group_size: int = 4
-    group_normalize_std: bool = True
-    normalize_advantages: bool = False
-    entropy_coef: float = 0.0
+    dis: DisConfig = dataclasses.field(default_factory=DisConfig)
+    clip: ClipConfig = dataclasses.field(default_factory=ClipConfig)
+    gae: GaeConfig = dataclasses.field(default_factory=GaeConfig)
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    group: GroupConfig = dataclasses.field(default_factory=GroupConfig)
+    opd: OpdConfig = dataclasses.field(default_factory=OpdConfig)
     moe: MoeAuxConfig = dataclasses.field(default_factory=MoeAuxConfig)
+    entropy_coef: float = 0.0
     reset_optimizer_on_sync: bool = False
-    logprob_chunk_size: int = 256
+    logprob_chunk_size: int = LOGPROB_CHUNK
     head_positions: str = "actions"
     max_action_tokens_per_row: int | None = None
-    opd_lambda: float = 0.01
-    opd_beta: float = 5.0
-    opd_mode: str = "gated"
-    opd_clip: float | None = None
     pack_rows: bool = True
-    pack_row_multiple: int = 8
+    pack_row_multiple: int = PACK_ROW_MULTIPLE
     fused_iteration: bool = True
 
     def __post_init__(self):
         get_algorithm(self.algorithm)
-        names = ("critic_steps", "ppo_epochs", "group_size", "logprob_chunk_size")
-        for name in (*names, "pack_row_multiple"):
+        for name in ("logprob_chunk_size", "pack_row_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.head_positions not in ("actions", "all"):
@@ -170,30 +301,6 @@ class LearnerConfig:
                 "LearnerConfig.max_action_tokens_per_row must be >= 1 or None, got "
                 f"{self.max_action_tokens_per_row}"
             )
-        if self.critic_warmup_steps < 0:
-            raise ValueError(
-                f"LearnerConfig.critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}"
-            )
-        for name in ("gamma", "critic_lam"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(
-                    f"LearnerConfig.{name} must be in [0, 1], got {getattr(self, name)}"
-                )
-        if self.policy_lam is not None and not 0 <= self.policy_lam <= 1:
-            raise ValueError(f"LearnerConfig.policy_lam must be in [0, 1], got {self.policy_lam}")
-        if self.opd_lambda < 0 or self.opd_beta < 0:
-            raise ValueError(
-                f"LearnerConfig.opd_lambda / opd_beta must be >= 0, got {self.opd_lambda} / "
-                f"{self.opd_beta}"
-            )
-        if self.opd_mode not in ("gated", "signed"):
-            raise ValueError(
-                f"LearnerConfig.opd_mode must be gated or signed, got {self.opd_mode!r}"
-            )
-        if self.opd_clip is not None and (self.opd_mode != "signed" or self.opd_clip <= 0):
-            raise ValueError("LearnerConfig.opd_clip must be > 0 and needs opd_mode='signed'")
-        if self.value_clip is not None and self.value_clip <= 0:
-            raise ValueError(f"LearnerConfig.value_clip must be > 0 or None, got {self.value_clip}")
         for name in ("policy_trainable", "critic_trainable"):
             for pattern in getattr(self, name):
                 try:

@@ -6,8 +6,8 @@ One iteration on one loader batch (SAO):
     -> one policy step with the DIS loss -> K critic steps on the same targets
 
 GRPO / GRPO+DIS replace the critic by group-relative returns; PPO takes its ratio against the
-learner's own log-probs at the start of the iteration and makes `ppo_epochs` policy steps.
-Before the first policy step, `critic_warmup_steps` batches train the critic alone. The whole
+learner's own log-probs at the start of the iteration and makes `clip.ppo_epochs` policy steps.
+Before the first policy step, `critic.warmup_steps` batches train the critic alone. The whole
 iteration runs as one compiled program (the steps under `lax.scan`) with one host read.
 
 The learner never sees a rollout object: batches come from `atdp_io`'s loader. Its policy
@@ -153,7 +153,7 @@ class Learner:
     def in_warmup(self) -> bool:
         return (
             self.algorithm.uses_critic
-            and self.counters.warmup_iterations < self.config.critic_warmup_steps
+            and self.counters.warmup_iterations < self.config.critic.warmup_steps
         )
 
     def iteration(self, batch: Mapping[str, np.ndarray]) -> Metrics:
@@ -177,7 +177,7 @@ class Learner:
         staleness = _staleness(batch, self.counters.policy_version)
         warmup = self.in_warmup
         policy_steps_run = 0 if warmup else policy_steps(self.config)
-        critic_steps_run = self.config.critic_steps if self.algorithm.uses_critic else 0
+        critic_steps_run = self.config.critic.steps if self.algorithm.uses_critic else 0
         if self.config.fused_iteration:
             metrics, skipped = self._fused_iteration(fns, device_batch, warmup)
         else:
@@ -266,7 +266,7 @@ class Learner:
                 skipped["policy"].append(policy_metrics["skipped"])
             metrics.update({f"policy/{k}": v for k, v in policy_metrics.items()})
         if self.algorithm.uses_critic:
-            for _ in range(self.config.critic_steps):
+            for _ in range(self.config.critic.steps):
                 self.critic_params, self.critic_opt_state, critic_metrics = fns["critic"](
                     self.critic_params,
                     self._critic_frozen,

@@ -10,12 +10,12 @@
   head on the batch's Monte-Carlo returns (`objectives.value_head_moments`);
 - `iteration(policy_params, policy_frozen, policy_opt, [critic_params, critic_frozen,
   critic_opt,] batch)` -> one whole learner iteration in one program: `prepare`, the policy
-  step(s) (`policy_steps(config)` of them, a `lax.scan`), then `critic_steps` critic steps (a
+  step(s) (`policy_steps(config)` of them, a `lax.scan`), then `critic.steps` critic steps (a
   `lax.scan`), each a guarded update; returns the new params / optimizer states (the inputs are
   donated) and `{"stats", "policy", "critic"}` (the batch statistics, the last step's metrics of
   each model) plus `policy_skipped` / `critic_skipped`, the number of skipped steps;
 - `warmup_iteration(critic_params, critic_frozen, critic_opt, batch)` -> the critic warm-up's
-  iteration (values, returns, `critic_steps` critic steps; the policy is not read), same output
+  iteration (values, returns, `critic.steps` critic steps; the policy is not read), same output
   without the policy entries.
 
 `prepare`, `policy` and `critic` called in that order from Python are the step-by-step form of
@@ -56,12 +56,11 @@ from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
 from sao_jax.train.steps import Placement, guarded_update, make_optimizer
 
-# Fields that only steer the Python side, never what is traced. `critic_steps` and
-# `ppo_epochs` are traced: they are the scan lengths of the fused `iteration`.
+# Fields that only steer the Python side, never what is traced (`critic.warmup_steps` and
+# `group.size` are set apart below). `critic.steps` and `clip.ppo_epochs` are traced: they are
+# the scan lengths of the fused `iteration`.
 _LOOP_ONLY_FIELDS = {
-    "critic_warmup_steps": 0,
     "reset_optimizer_on_sync": False,
-    "group_size": 1,
     "fused_iteration": True,
     # packing shows in the batch's keys and shapes, which are part of the cache key
     "pack_rows": True,
@@ -71,7 +70,14 @@ _LOOP_ONLY_FIELDS = {
 
 def trace_key(config: LearnerConfig) -> str:
     """The part of a config the jitted functions depend on, as a hashable string."""
-    return repr(dataclasses.replace(config, **_LOOP_ONLY_FIELDS))
+    return repr(
+        dataclasses.replace(
+            config,
+            critic=dataclasses.replace(config.critic, warmup_steps=0),
+            group=dataclasses.replace(config.group, size=1),
+            **_LOOP_ONLY_FIELDS,
+        )
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,19 +119,22 @@ def learner_steps(spec: StepSpec) -> dict[str, Any]:
 
 
 def policy_loss_fn(config: LearnerConfig):
-    """The algorithm's policy objective with the config's clip ranges bound."""
+    """The algorithm's policy objective with the ratio bounds it names (`Algorithm.ratio_bounds`)
+    bound."""
     algorithm = get_algorithm(config.algorithm)
-    if algorithm.policy_loss in ("sao", "grpo_dis"):
-        bounds = {"eps_low": config.eps_low, "eps_high": config.eps_high}
+    if algorithm.ratio_bounds == "dis":
+        bounds = {"eps_low": config.dis.eps_low, "eps_high": config.dis.eps_high}
     else:
-        bounds = {"eps_low": config.clip_eps_low, "eps_high": config.clip_eps_high}
+        bounds = {"eps_low": config.clip.eps_low, "eps_high": config.clip.eps_high}
     return get_policy_loss(algorithm.policy_loss, **bounds)
 
 
 def policy_steps(config: LearnerConfig) -> int:
-    """Policy steps per (non-warm-up) iteration: `ppo_epochs` for a ratio against the learner's
-    own old policy (one step would never clip), else one."""
-    return config.ppo_epochs if get_algorithm(config.algorithm).behaviour == "old_policy" else 1
+    """Policy steps per (non-warm-up) iteration: `clip.ppo_epochs` for a ratio against the
+    learner's own old policy (one step would never clip), else one."""
+    return (
+        config.clip.ppo_epochs if get_algorithm(config.algorithm).behaviour == "old_policy" else 1
+    )
 
 
 def _repeat(step, steps: int, params: Any, opt_state: Any) -> tuple[Any, Any, Any, jax.Array]:
@@ -154,14 +163,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
     policy_optimizer = make_optimizer(config.policy_optimizer)
     policy_loss = policy_loss_fn(config)
     capacity = spec.action_capacity
-    opd = None
-    if algorithm.opd:
-        opd = {
-            "lambda": config.opd_lambda,
-            "beta": config.opd_beta,
-            "mode": config.opd_mode,
-            "clip": config.opd_clip,
-        }
+    opd = config.opd if algorithm.opd else None
 
     def behaviour_logprobs(policy_params, policy_frozen, batch):
         if algorithm.behaviour != "old_policy":
@@ -190,21 +192,21 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 mask=mask,
                 traj_index=batch["traj_index"],
                 turn_index=batch["turn_index"],
-                gamma=config.gamma,
+                gamma=config.gae.gamma,
             )
-            if config.policy_lam is None:
+            if config.gae.policy_lam is None:
                 lengths = trajectory_action_counts(mask, batch["traj_index"])
-                lam = adaptive_lambda(lengths, config.lam_alpha)
+                lam = adaptive_lambda(lengths, config.gae.lam_alpha)
             else:
-                lam = jnp.full(valid.shape, config.policy_lam, jnp.float32)
+                lam = jnp.full(valid.shape, config.gae.policy_lam, jnp.float32)
             advantages, _ = linked_gae(**link, lam=lam)
-            if config.critic_lam == 1.0:
+            if config.critic.lam == 1.0:
                 # lambda = 1 returns are the discounted reward-to-go whatever V is; computing
                 # them without V keeps them exact (A + V would carry V's rounding).
                 _, returns = linked_gae(**dict(link, values=jnp.zeros_like(values)))
             else:
-                _, returns = linked_gae(**link, lam=config.critic_lam)
-            if config.normalize_advantages:
+                _, returns = linked_gae(**link, lam=config.critic.lam)
+            if config.gae.normalize_advantages:
                 advantages = masked_whiten(advantages, mask)
             out.update(values=values, returns=returns)
             stats["policy_lambda"] = _row_mean(lam, valid)
@@ -214,7 +216,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 mask,
                 batch["traj_index"],
                 batch["group_id"],
-                normalize_std=config.group_normalize_std,
+                normalize_std=config.group.normalize_std,
             )
             stats["group_size_mean"] = _row_mean(group_size, valid)
         out["advantages"] = advantages
@@ -276,7 +278,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                     batch,
                     returns,
                     old_values,
-                    value_clip=config.value_clip,
+                    value_clip=config.critic.value_clip,
                     action_capacity=capacity,
                     moe_aux=config.moe,
                     **kw,
@@ -292,7 +294,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         )
 
         def value_moments(params, frozen, batch):
-            # Monte-Carlo targets (lambda = 1, V-free) whatever `critic_lam` is: the fit is
+            # Monte-Carlo targets (lambda = 1, V-free) whatever `critic.lam` is: the fit is
             # what the critic starts from, before any value it could bootstrap from exists.
             mask = objectives.action_mask(batch)
             _, returns = linked_gae(
@@ -301,7 +303,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 mask=mask,
                 traj_index=batch["traj_index"],
                 turn_index=batch["turn_index"],
-                gamma=config.gamma,
+                gamma=config.gae.gamma,
                 lam=1.0,
             )
             critic = nnx.merge(critic_graphdef, params, frozen)
@@ -315,14 +317,14 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 params, critic_frozen, opt_state, batch, prepared["returns"], prepared["values"]
             )
 
-        steps = config.critic_steps if steps is None else steps
+        steps = config.critic.steps if steps is None else steps
         return _repeat(step, steps, critic_params, critic_opt)
 
     # With Monte-Carlo critic targets (lambda = 1: V-free returns), the first critic step needs
     # nothing from the batch's values, and its own forward pass computes exactly those values
     # (the critic has not moved yet): the fused iteration takes them from there instead of a
     # forward pass of its own (one critic forward of the 2K + 3 passes an SAO iteration runs).
-    reuse_first_critic_forward = algorithm.uses_critic and config.critic_lam == 1.0
+    reuse_first_critic_forward = algorithm.uses_critic and config.critic.lam == 1.0
 
     def first_critic_step(critic_params, critic_frozen, critic_opt, batch):
         """One critic step on V-free returns: (params, opt state, metrics, skipped, the values
@@ -334,7 +336,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
             mask=mask,
             traj_index=batch["traj_index"],
             turn_index=batch["turn_index"],
-            gamma=config.gamma,
+            gamma=config.gae.gamma,
             lam=1.0,
         )
         params, opt_state, metrics = critic_update(
@@ -354,11 +356,11 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         prepared, stats = targets(None, batch, values=values)
 
         def rest():
-            if config.critic_steps == 1:
+            if config.critic.steps == 1:
                 return critic_params, critic_opt, first_metrics, first_skipped
             params, opt, metrics, skipped = critic_phase(
                 critic_params, critic_frozen, critic_opt, prepared, batch,
-                steps=config.critic_steps - 1,
+                steps=config.critic.steps - 1,
             )  # fmt: skip
             return params, opt, metrics, skipped + first_skipped
 

@@ -35,6 +35,7 @@ from flax import nnx
 from sao_jax.models import Critic, ModelConfig, Transformer
 from sao_jax.models.config import REMAT_POLICIES as REMAT_POLICIES  # ModelConfig.remat's names
 from sao_jax.models.config import check_remat
+from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.sharding import MESH_AXES, LogicalRules, logical_to_spec
 from sao_jax.train.algorithms import get_algorithm
 from sao_jax.train.config import LearnerConfig
@@ -63,7 +64,7 @@ class Workload:
     rollout_slots: int = 256
     context: int = 4096
     remat: str = "none"
-    logprob_chunk: int = 256
+    logprob_chunk: int = LOGPROB_CHUNK
 
     def __post_init__(self):
         for name in ("train_rows", "seq_len", "rollout_slots", "context", "logprob_chunk"):

@@ -22,7 +22,6 @@ returns the same [R, T] results either way.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,8 @@ from flax import struct
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
 from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
-from sao_jax.models.logprobs import scatter_positions, take_positions
+from sao_jax.models.logprobs import LOGPROB_CHUNK, scatter_positions, take_positions
+from sao_jax.train.config import OpdConfig
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
 from sao_jax.train.steps import SAMPLING_KEYS
 
@@ -116,7 +116,7 @@ def policy_logprobs(
     policy: Transformer,
     batch: Batch,
     *,
-    chunk_size: int = 256,
+    chunk_size: int = LOGPROB_CHUNK,
     action_capacity: int | None = None,
 ) -> tuple[jax.Array, jax.Array, MoeAux]:
     """(logp [R, T], entropy [R, T], MoE aux): log pi(token t | tokens < t) at temperature 1.
@@ -213,7 +213,7 @@ def policy_gradient_loss(
     entropy_coef: float,
     moe_aux: MoeAuxConfig,
     chunk_size: int,
-    opd: Mapping[str, Any] | None = None,
+    opd: OpdConfig | None = None,
     action_capacity: int | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """The policy objective: `policy_loss(logp, behaviour_logp, A, mask)` + aux - entropy bonus.
@@ -222,8 +222,8 @@ def policy_gradient_loss(
       advantages, behaviour_logp: [R, T] (behaviour: rollout log-probs or the old policy's).
       policy_loss: a `sao_jax.losses.get_policy_loss(...)` function.
       moe_aux: weights of the policy's MoE auxiliary losses.
-      opd: SEED: `{"lambda": w, "beta": b, "mode": m, "clip": c}` adds
-        `w * seed_opd_loss(logp, batch["skill_logp"], mask, ...)` (None: no such term).
+      opd: SEED: adds `opd.weight * seed_opd_loss(logp, batch["skill_logp"], mask, beta=,
+        mode=, clip=)` with the config's values (None: no such term).
       action_capacity: K: the LM head runs on at most K action tokens per row (see
         `policy_logprobs`); None: at every position. The loss and gradients are the same.
     Returns:
@@ -245,9 +245,9 @@ def policy_gradient_loss(
         metrics["greedy_token_frac"] = masked_token_mean(greedy, mask)
     if opd is not None:
         opd_value, opd_metrics = seed_opd_loss(
-            logp, batch["skill_logp"], mask, beta=opd["beta"], mode=opd["mode"], clip=opd["clip"]
+            logp, batch["skill_logp"], mask, beta=opd.beta, mode=opd.mode, clip=opd.clip
         )
-        loss = loss + opd["lambda"] * opd_value
+        loss = loss + opd.weight * opd_value
         metrics["opd_loss"] = opd_value
         metrics.update({f"opd_{k}": v for k, v in opd_metrics.items()})
     metrics.update(

@@ -18,9 +18,10 @@ from flax import nnx
 
 from atdp_io.trained_on import TrainedOn
 from sao_jax.models import MoeAuxConfig, Transformer
+from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import objectives
-from sao_jax.train.config import OptimizerConfig
+from sao_jax.train.config import ALL_PARAMETERS, PACK_ROW_MULTIPLE, OptimizerConfig
 from sao_jax.train.packing import pack_for_placement, unpack
 from sao_jax.train.partition import split_trainable
 from sao_jax.train.steps import BATCH_KEYS, Placement, guarded_update, make_optimizer
@@ -50,12 +51,12 @@ class BehaviourCloner:
         policy: Transformer,
         optimizer: OptimizerConfig,
         *,
-        trainable: tuple[str, ...] = (".*",),
+        trainable: tuple[str, ...] = ALL_PARAMETERS,
         moe_aux: MoeAuxConfig | None = None,
-        chunk_size: int = 256,
+        chunk_size: int = LOGPROB_CHUNK,
         context_weight: float = 0.0,
         pack_rows: bool = True,
-        pack_row_multiple: int = 8,
+        pack_row_multiple: int = PACK_ROW_MULTIPLE,
         mesh: jax.sharding.Mesh | None = None,
         rules: LogicalRules | None = None,
     ):

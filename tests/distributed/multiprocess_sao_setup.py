@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from train_factories import TENANT, episode, loader, write_store
 
 from sao_jax.models import get_model_config
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import CriticConfig, LearnerConfig, OptimizerConfig
 
 ROWS = 4  # per process: the global batch has 8 rows
 SEQ_LEN = 48
@@ -28,8 +28,7 @@ def learner_config() -> LearnerConfig:
         LearnerConfig(),
         policy_optimizer=OptimizerConfig(learning_rate=1e-3),
         critic_optimizer=OptimizerConfig(learning_rate=1e-3),
-        critic_warmup_steps=0,
-        critic_steps=2,
+        critic=CriticConfig(steps=2, warmup_steps=0),
     )
 
 

@@ -20,8 +20,8 @@ from sao_jax.envs.alfworld.generator import (
     scene_layouts,
 )
 from sao_jax.envs.alfworld.goals import TaskTargets, WorldState, is_won
-from sao_jax.envs.alfworld.rng import StableRng, stable_seed
 from sao_jax.envs.alfworld.rooms import ROOM_TYPES, scene_numbers
+from sao_jax.envs.rng import StableRng, stable_seed
 
 
 def all_games(size):

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from atdp_io import AtdpStore
-from experiments import alfworld_run, alfworld_sao, launch_tpu
+from experiments import alfworld_sao, launch_tpu
 from sao_jax.checkpoint import Checkpointer
-from sao_jax.distributed import DcnMeshConfig, Job, ProcessInfo
+from sao_jax.distributed import DcnMeshConfig
 from sao_jax.distributed.local_launch import launch_local
 from sao_jax.metrics import read_metrics
 from sao_jax.models import get_model_config
+from sao_jax.pipeline import setup as pipeline_setup
 from sao_jax.sharding import MeshConfig
 
 REPO = Path(__file__).parents[2]
@@ -87,31 +88,9 @@ def test_the_start_command_runs_micro_on_a_mesh_of_fake_devices(tmp_path, capsys
     assert any(p.name.isdigit() for p in (shared / "checkpoints").iterdir())
     assert not (out / "checkpoints").exists()
     # the samplers ran on the mesh the command asked for: fsdp=-1 filled the 8 devices
-    meshes = {key[2] for key in alfworld_run._SAMPLERS}
+    meshes = {key[2] for key in pipeline_setup._SAMPLERS}
     shapes = [dict(mesh.shape) for mesh in meshes if mesh is not None]
     assert {"data": 2, "fsdp": 2, "expert": 2, "tensor": 1} in shapes
-
-
-def two_process_job(tmp_path):
-    """A Job that says it is process 1 of 2 (nothing joined): what `Run` checks first."""
-    return lambda spec, distributed=None: Job(ProcessInfo(1, 2, 4, 8, "cpu", "explicit"), None)
-
-
-def test_a_batch_that_does_not_split_over_the_processes_is_refused_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(alfworld_run, "setup_job", two_process_job(tmp_path))
-    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out"), "rl.rows=15"])
-    with pytest.raises(ValueError, match=r"rl.rows=15 does not split over 2 processes"):
-        alfworld_run.run(config)
-    assert not (tmp_path / "out" / "atdp").exists()
-
-
-def test_experiments_without_a_multi_process_path_refuse_one(tmp_path):
-    """SEED and the online runner build on `Run` but run one process: they say so."""
-    job = two_process_job(tmp_path)(None)
-    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
-    with pytest.raises(NotImplementedError, match=r"joined 2 processes.*experiments.alfworld_sao"):
-        alfworld_run.Run(config, job)
-    assert not (tmp_path / "out" / "atdp").exists()
 
 
 def tenant_sizes(store_path) -> dict[str, int]:

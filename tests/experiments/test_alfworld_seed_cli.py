@@ -7,6 +7,7 @@ import pytest
 from atdp_io import AtdpStore
 from experiments import alfworld_seed
 from sao_jax.metrics import read_metrics
+from sao_jax.pipeline.seed import SeedExperimentConfig
 from sao_jax.seed import load_skills
 
 MICRO = [
@@ -61,7 +62,7 @@ def test_compare_algos_gives_seed_algorithms_a_seed_config(tmp_path):
     config = compare_algos.CompareConfig(out_dir=str(tmp_path), preset="micro")
     assert {"sao_seed", "grpo_seed"} <= set(config.algorithms)
     run = compare_algos.run_config(config, "grpo_seed", 1, str(tmp_path / "sao-seed1"))
-    assert isinstance(run, alfworld_seed.SeedExperimentConfig)
+    assert isinstance(run, SeedExperimentConfig)
     assert (run.learner.algorithm, run.seed) == ("grpo_seed", 1)
     assert run.warm_start.from_run == str(tmp_path / "sao-seed1")
     assert run.hindsight == alfworld_seed.PRESETS["micro"].hindsight

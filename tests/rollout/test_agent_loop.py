@@ -260,7 +260,7 @@ def test_bad_configs_name_the_problem():
     too_long = rollout_config(max_context_tokens=model_config().max_seq_len * 2)
     with pytest.raises(ValueError, match="max_seq_len"):
         AgentLoop(sampler(), tokenizer(), env_config().make_envs(1), too_long)
-    with pytest.raises(ValueError, match="AlfworldEnv"):
+    with pytest.raises(ValueError, match="TextEnv"):
         AgentLoop(sampler(), tokenizer(), [], rollout_config())
 
 

@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 from rollout_testlib import env_config, open_store, read_batches, rollout_config, tokenizer
 
+from sao_jax.envs import env_from_task_spec
 from sao_jax.envs.alfworld import AlfworldEnv, parse_reply
 from sao_jax.rollout import collect_expert_demos
 
 TENANT = "alfworld-demos"
+# header.task of an ALFWorld episode, as stored before envs were pluggable (loaders and
+# relabelling read these keys)
+ALFWORLD_TASK_KEYS = {
+    "env", "split", "index", "size", "phrasing", "max_steps", "game_id", "task_type",
+    "group_id", "group_size", "member", "group_key", "layout", "source",
+}  # fmt: skip
 
 
 def collect(tmp_path, num_episodes=4, expert="search", **rollout):
@@ -61,9 +68,13 @@ def test_demo_rows_decode_to_the_expert_commands(tmp_path, layout):
             assert event.llm.decoding.extra["logprobs"] == "absent"
             assert event.llm.model_id == f"alfworld-expert-{expert}"
             assert event.llm.decoding.extra["policy"] == f"expert-{expert}"
-        # The recorded commands win the recorded game.
-        env = AlfworldEnv("train", size="small")
-        env.reset(trajectory.header.task["index"])
+        # The recorded commands win the recorded game, rebuilt from the stored task spec.
+        task = trajectory.header.task
+        assert set(task) == ALFWORLD_TASK_KEYS and task["env"] == "alfworld"
+        env = env_from_task_spec(task)
+        assert isinstance(env, AlfworldEnv) and (env.size, env.max_steps) == ("small", 50)
+        env.reset(task["index"])
+        assert env.game.game_id == task["game_id"]
         assert [env.step(c)[2] for c in commands][-1] and env.engine.won
     assert np.isclose(batch["rewards"].sum(), 10.0 * len(trajectories))
 

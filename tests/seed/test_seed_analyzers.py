@@ -61,6 +61,10 @@ def test_rule_based_failure_names_the_first_wrong_step(records):
     no_game = EpisodeRecord("ep-x", record.task, "", ("look",), (), False)
     with pytest.raises(ValueError, match=r"ep-x.*no game spec"):
         RuleBasedAlfworldAnalyzer().analyze([no_game])
+    other_env = {**record.game, "env": "arithmetic"}
+    sums = EpisodeRecord("ep-sum", "What is 2 + 2?", "", ("answer 4",), (), True, other_env)
+    with pytest.raises(ValueError, match=r"ep-sum.*env 'arithmetic'.*ALFWorld games only"):
+        RuleBasedAlfworldAnalyzer().analyze([sums])
 
 
 def test_self_policy_analyzer_samples_batched_and_follows_new_weights(records):

@@ -17,6 +17,7 @@ from sao_jax.seed import (
     skill_logprobs,
 )
 from sao_jax.train import Learner, LearnerConfig, objectives
+from sao_jax.train.config import OpdConfig
 from sao_jax.train.learner_steps import policy_loss_fn
 
 
@@ -60,7 +61,7 @@ def test_opd_term_changes_the_gradient_exactly_by_lambda_times_its_own(batch):
     def gradients(p):
         out = {"without": jax.grad(rl_loss)(p, None)}
         for mode in ("gated", "signed"):
-            opd = {"lambda": lam, "beta": 5.0, "mode": mode, "clip": None}
+            opd = OpdConfig(weight=lam, beta=5.0, mode=mode)
             out[mode] = jax.grad(rl_loss)(p, opd)
             out[f"{mode}_direct"] = jax.grad(opd_only)(p, mode)
         return out
@@ -129,7 +130,7 @@ def test_too_long_blocks_are_truncated_and_counted(batch):
 
 def test_seed_learner_runs_the_opd_step_and_reports_its_cost(batch):
     tokenizer = word_tokenizer()
-    config = LearnerConfig(algorithm="grpo_seed", opd_lambda=0.5)
+    config = LearnerConfig(algorithm="grpo_seed", opd=OpdConfig(weight=0.5))
     learner = SeedLearner(
         config,
         tiny_policy(),
@@ -167,8 +168,8 @@ def test_bad_input_is_named(batch):
             analyzer=RuleBasedAlfworldAnalyzer(),
             tokenizer=word_tokenizer(),
         )
-    with pytest.raises(ValueError, match="opd_mode"):
-        LearnerConfig(algorithm="sao_seed", opd_mode="both")
+    with pytest.raises(ValueError, match=r"OpdConfig\.mode must be one of"):
+        OpdConfig(mode="both")
 
 
 class _BatchAnalyzer(RuleBasedAlfworldAnalyzer):

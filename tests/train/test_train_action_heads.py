@@ -12,7 +12,7 @@ from flax import nnx
 from train_factories import VOCAB, episode, first_batch, tiny_policy, write_store
 
 from sao_jax.models import Critic, MoeAuxConfig
-from sao_jax.train import LearnerConfig, OptimizerConfig, objectives
+from sao_jax.train import CriticConfig, LearnerConfig, OptimizerConfig, objectives
 from sao_jax.train.learner import Learner
 from sao_jax.train.learner_steps import policy_loss_fn
 from sao_jax.train.partition import path_string
@@ -197,7 +197,7 @@ def learner_config(**changes) -> LearnerConfig:
     base = LearnerConfig(
         policy_optimizer=OptimizerConfig(learning_rate=1e-3),
         critic_optimizer=OptimizerConfig(learning_rate=1e-3),
-        critic_warmup_steps=0,
+        critic=CriticConfig(warmup_steps=0),
     )
     return dataclasses.replace(base, **changes)
 

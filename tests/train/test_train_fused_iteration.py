@@ -11,7 +11,7 @@ import pytest
 from train_factories import episode, first_batch, tiny_policy, write_store
 
 from sao_jax.sharding import MeshConfig, make_mesh
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import ClipConfig, CriticConfig, LearnerConfig, OptimizerConfig
 from sao_jax.train.learner import Learner
 from sao_jax.train.learner_steps import policy_steps
 
@@ -24,7 +24,7 @@ def config(**changes) -> LearnerConfig:
     base = LearnerConfig(
         policy_optimizer=OptimizerConfig(learning_rate=LR),
         critic_optimizer=OptimizerConfig(learning_rate=LR),
-        critic_warmup_steps=1,
+        critic=CriticConfig(warmup_steps=1),
     )
     return dataclasses.replace(base, **changes)
 
@@ -76,7 +76,7 @@ def stepwise_iteration(learner: Learner, batch) -> tuple[dict[str, float], dict[
             skipped["policy"].append(policy_metrics["skipped"])
         metrics.update({f"policy/{k}": v for k, v in policy_metrics.items()})
     if critic:
-        for _ in range(learner.config.critic_steps):
+        for _ in range(learner.config.critic.steps):
             learner.critic_params, learner.critic_opt_state, critic_metrics = fns["critic"](
                 learner.critic_params,
                 learner._critic_frozen,
@@ -159,7 +159,7 @@ def run_both(cfg: LearnerConfig, batches, *, mesh=None):
         assert metrics["phase"] == (0.0 if warmup else 1.0)
         assert_same_metrics(metrics, expected, batch["tokens"].size)
         steps = 0 if warmup else policy_steps(cfg)
-        critic_steps = cfg.critic_steps if fused.algorithm.uses_critic else 0
+        critic_steps = cfg.critic.steps if fused.algorithm.uses_critic else 0
         assert fused.counters.policy_version == before.policy_version + steps - skipped["policy"]
         assert fused.counters.critic_steps == before.critic_steps + critic_steps - skipped["critic"]
         assert (
@@ -174,7 +174,9 @@ def run_both(cfg: LearnerConfig, batches, *, mesh=None):
     [
         pytest.param({"algorithm": "sao"}, id="sao"),
         pytest.param(
-            {"algorithm": "ppo", "ppo_epochs": 2}, id="ppo-2-epochs", marks=pytest.mark.slow
+            {"algorithm": "ppo", "clip": ClipConfig(ppo_epochs=2)},
+            id="ppo-2-epochs",
+            marks=pytest.mark.slow,
         ),
     ],
 )
@@ -183,7 +185,7 @@ def test_fused_iteration_matches_the_step_by_step_one_in_warmup_and_after(batche
     fused, _, _ = run_both(cfg, batches["near"])  # 1 warm-up iteration, then 2 full ones
     assert fused.counters.warmup_iterations == 1
     assert fused.counters.policy_version == 2 * policy_steps(cfg)
-    assert fused.counters.critic_steps == 3 * cfg.critic_steps
+    assert fused.counters.critic_steps == 3 * cfg.critic.steps
 
 
 @pytest.mark.slow
@@ -195,7 +197,9 @@ def test_fused_grpo_iteration_matches_the_step_by_step_one(batches):
 def test_a_non_finite_batch_skips_every_fused_step_and_leaves_the_weights(batches):
     clean, poisoned = batches["near"][0], batches["near"][1]
     poisoned = dict(poisoned, rewards=np.where(poisoned["loss_mask"] > 0, np.nan, 0.0))
-    cfg = config(algorithm="ppo", ppo_epochs=2, critic_warmup_steps=0)
+    cfg = config(
+        algorithm="ppo", clip=ClipConfig(ppo_epochs=2), critic=CriticConfig(warmup_steps=0)
+    )
     fused, reference, start = run_both(cfg, [clean])  # real optimizer moments to protect
     before = states(fused)
     metrics = fused.iteration(poisoned)
@@ -213,7 +217,9 @@ def test_a_non_finite_batch_skips_every_fused_step_and_leaves_the_weights(batche
 @pytest.mark.slow
 def test_fused_iteration_on_a_mesh_matches_the_step_by_step_one_and_keeps_shardings(batches):
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, expert=2, tensor=1))
-    fused, reference, _ = run_both(config(critic_steps=3), batches["near"][:2], mesh=mesh)
+    fused, reference, _ = run_both(
+        config(critic=CriticConfig(steps=3, warmup_steps=1)), batches["near"][:2], mesh=mesh
+    )
     for learner in (fused, reference):
         kernel = learner.policy_params["layers"][0]["moe"]["experts"]["gate_proj"].get_value()
         assert kernel.sharding.spec[0] == "expert"
@@ -226,7 +232,7 @@ def test_fused_iteration_on_a_mesh_matches_the_step_by_step_one_and_keeps_shardi
 
 
 def test_the_step_by_step_switch_runs_the_reference_path(batches):
-    cfg = config(fused_iteration=False, critic_warmup_steps=0)
+    cfg = config(fused_iteration=False, critic=CriticConfig(warmup_steps=0))
     learner, reference = Learner(cfg, tiny_policy()), Learner(cfg, tiny_policy())
     metrics = learner.iteration(batches["near"][0])
     expected, _ = stepwise_iteration(reference, batches["near"][0])

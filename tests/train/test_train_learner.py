@@ -13,7 +13,7 @@ from train_factories import episode, exact_learner_config, first_batch, tiny_pol
 from sao_jax.checkpoint import Checkpointer
 from sao_jax.losses import adaptive_lambda, sao_policy_loss
 from sao_jax.sharding import MeshConfig, make_mesh
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import ClipConfig, CriticConfig, LearnerConfig, OptimizerConfig
 from sao_jax.train.learner import Learner
 from sao_jax.train.partition import path_string
 
@@ -114,7 +114,7 @@ def test_critic_attention_stays_frozen_while_its_ffn_and_head_train(batch):
 
 
 def test_warmup_then_k_critic_steps_per_policy_step(batch):
-    learner = Learner(config(critic_steps=3, critic_warmup_steps=2), tiny_policy())
+    learner = Learner(config(critic=CriticConfig(steps=3, warmup_steps=2)), tiny_policy())
     policy_start = flat(nnx.state(learner.policy_module(), nnx.Param))
     critic_start = flat(learner.critic_params)
     phases = [learner.iteration(batch)["phase"] for _ in range(2)]
@@ -166,7 +166,7 @@ def test_a_non_finite_loss_skips_the_update_and_never_touches_the_weights(batch)
 
 @pytest.mark.slow
 def test_ppo_takes_its_ratio_against_the_learners_own_old_logprobs(batch):
-    learner = Learner(config(algorithm="ppo", ppo_epochs=1), tiny_policy())
+    learner = Learner(config(algorithm="ppo", clip=ClipConfig(ppo_epochs=1)), tiny_policy())
     # rollout log-probs far from the policy: PPO must ignore them
     garbage = dict(
         batch, rollout_logp=np.where(batch["loss_mask"] > 0, -9.0, 0.0).astype(np.float32)
@@ -182,7 +182,7 @@ def test_ppo_takes_its_ratio_against_the_learners_own_old_logprobs(batch):
     metrics = learner.iteration(garbage)
     assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["policy/clip_frac"] == 0.0 and learner.policy_version == 1
-    two = Learner(config(algorithm="ppo", ppo_epochs=2), tiny_policy())
+    two = Learner(config(algorithm="ppo", clip=ClipConfig(ppo_epochs=2)), tiny_policy())
     metrics = two.iteration(garbage)  # the 2nd epoch sees the ratio move away from 1
     assert two.policy_version == 2 and metrics["policy/approx_kl"] > 0
     assert metrics["policy/ratio_mean"] != pytest.approx(1.0, abs=1e-6)
@@ -213,14 +213,16 @@ def test_grpo_scores_rollouts_against_their_group_without_a_critic(algorithm, tm
 
 def test_resume_continues_exactly_where_the_saved_run_stood(batch, tmp_path):
     batches = [near_policy_logprobs(Learner(config(), tiny_policy()), batch, s) for s in range(4)]
-    first = Learner(config(critic_warmup_steps=1), tiny_policy())
+    first = Learner(config(critic=CriticConfig(warmup_steps=1)), tiny_policy())
     for b in batches[:2]:
         first.iteration(b)
     with Checkpointer(tmp_path / "ckpt") as checkpointer:
         first.save(checkpointer, 2, items={"train": {"rng": jax.random.key(7)}}, metadata={"x": 1})
         checkpointer.wait_until_finished()
         continued = [first.iteration(b) for b in batches[2:]]
-        resumed = Learner(config(critic_warmup_steps=1), tiny_policy(seed=1))  # other weights
+        resumed = Learner(
+            config(critic=CriticConfig(warmup_steps=1)), tiny_policy(seed=1)
+        )  # other weights
         restored = resumed.restore(checkpointer, items={"train": {"rng": jax.random.key(0)}})
     assert restored.step == 2 and restored.metadata["x"] == 1
     assert (
@@ -277,8 +279,8 @@ def test_bad_configs_and_batches_are_named():
         LearnerConfig(critic_trainable=("moe/(",))
     with pytest.raises(ValueError, match=r"critic: trainable pattern 'mpl/' matches no parameter"):
         Learner(config(critic_trainable=("mpl/",)), tiny_policy())
-    with pytest.raises(ValueError, match="critic_steps must be >= 1"):
-        LearnerConfig(critic_steps=0)
+    with pytest.raises(ValueError, match=r"CriticConfig\.steps must be >= 1"):
+        CriticConfig(steps=0)
     learner = Learner(config(algorithm="grpo"), tiny_policy())
     with pytest.raises(ValueError, match=r"batch lacks .*'rollout_logp'"):
         learner.iteration({"tokens": np.zeros((2, 4), np.int32)})

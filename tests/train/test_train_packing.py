@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from train_factories import VOCAB, episode, first_batch, tiny_policy, write_store
 
 from sao_jax.models import Critic, MoeAuxConfig
-from sao_jax.train import LearnerConfig, OptimizerConfig, objectives, packing
+from sao_jax.train import (
+    CriticConfig,
+    GroupConfig,
+    LearnerConfig,
+    OptimizerConfig,
+    objectives,
+    packing,
+)
 from sao_jax.train.learner import Learner
 from sao_jax.train.learner_steps import policy_loss_fn
 from sao_jax.train.partition import path_string
@@ -249,7 +256,7 @@ def config(pack: bool, **changes) -> LearnerConfig:
     # whose float32 rounding differs between the layouts cannot flip a weight by the whole rate
     optimizer = OptimizerConfig(learning_rate=1e-3, eps=1e-3)
     return LearnerConfig(
-        policy_optimizer=optimizer, critic_optimizer=optimizer, critic_warmup_steps=1,
+        policy_optimizer=optimizer, critic_optimizer=optimizer, critic=CriticConfig(warmup_steps=1),
         pack_rows=pack, pack_row_multiple=2, **changes,
     )  # fmt: skip
 
@@ -270,7 +277,9 @@ def test_learner_iterations_match_unpacked(loader_batch, algorithm):
     assert LearnerConfig().pack_rows  # the default
     runs = {}
     for pack in (False, True):
-        learner = Learner(config(pack, algorithm=algorithm, group_size=1), tiny_policy())
+        learner = Learner(
+            config(pack, algorithm=algorithm, group=GroupConfig(size=1)), tiny_policy()
+        )
         prepared = learner.advantages(loader_batch)
         metrics = [learner.iteration(loader_batch) for _ in range(3)]  # warm-up, then 2
         runs[pack] = (learner, prepared, metrics)

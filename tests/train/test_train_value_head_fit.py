@@ -7,14 +7,14 @@ import pytest
 from train_factories import episode, exact_learner_config, first_batch, tiny_policy, write_store
 
 from sao_jax.sharding import MeshConfig, make_mesh
-from sao_jax.train import LearnerConfig
+from sao_jax.train import CriticConfig, LearnerConfig
 from sao_jax.train.learner import Learner
 
 REWARDS = (0.0, 1.0, 3.0, 0.0, 2.0, 5.0)
 
 
 def config(**changes) -> LearnerConfig:
-    return exact_learner_config(**{"critic_warmup_steps": 1, **changes})
+    return exact_learner_config(**{"critic": CriticConfig(warmup_steps=1), **changes})
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from atdp_io import (
 )
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from sao_jax.models import MoeAuxConfig, get_model_config, init_model
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import CriticConfig, LearnerConfig, OptimizerConfig
 
 VOCAB = 48
 TENANT = "train-tests"
@@ -34,7 +34,7 @@ def exact_learner_config(learning_rate: float = 1e-3, **changes) -> LearnerConfi
     base = LearnerConfig(
         policy_optimizer=OptimizerConfig(learning_rate=learning_rate, max_grad_norm=0.0),
         critic_optimizer=OptimizerConfig(learning_rate=learning_rate, max_grad_norm=0.0),
-        critic_warmup_steps=0,
+        critic=CriticConfig(warmup_steps=0),
         moe=MoeAuxConfig(load_balance_weight=0.0, router_z_weight=0.0),
     )
     return dataclasses.replace(base, **changes)

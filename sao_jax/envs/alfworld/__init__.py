@@ -2,8 +2,8 @@
 
 Procedural games (`make_game`), two experts (`search_expert_action`, which acts only on the
 episode's texts, and the `expert_plan` planner, an oracle that reads the true state), a single
-and a batched env, the LLM-agent
-harness (prompt renderer and reply parser), and a bridge to the real engine
+and a batched env (`AlfworldEnv` is the "alfworld" `TextEnv`), the LLM-agent
+harness (prompt renderer and reply parser, `AlfworldPrompts`), and a bridge to the real engine
 (`export_tw_pddl`, `RealAlfworldEnv`, optional extra `alfworld`). See docs/alfworld.md.
 """
 
@@ -21,11 +21,13 @@ from sao_jax.envs.alfworld.harness import (
     render_prompt,
 )
 from sao_jax.envs.alfworld.pddl_export import export_tw_pddl
+from sao_jax.envs.alfworld.prompts import ALFWORLD_PROMPTS, AlfworldPrompts
 from sao_jax.envs.alfworld.real_env import RealAlfworldEnv, real_game_files
 from sao_jax.envs.alfworld.search_expert import search_expert_action
 from sao_jax.envs.alfworld.vocabulary import WORD_PATTERN, split_words, vocabulary
 
 __all__ = [
+    "ALFWORLD_PROMPTS",
     "EXPERTS",
     "SIZES",
     "SPLITS",
@@ -34,6 +36,7 @@ __all__ = [
     "AlfworldEngine",
     "AlfworldEnv",
     "AlfworldHarness",
+    "AlfworldPrompts",
     "BatchedAlfworldEnv",
     "Game",
     "GameSampler",

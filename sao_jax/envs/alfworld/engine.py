@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import bisect
 
-from sao_jax.envs.alfworld import classes, texts
+import sao_jax.envs.alfworld.classes as classes
+import sao_jax.envs.alfworld.texts as texts
 from sao_jax.envs.alfworld.game import Game
 from sao_jax.envs.alfworld.goals import TaskTargets, WorldState, is_won
 

@@ -1,15 +1,20 @@
-"""The single-game environment rollouts use: `reset() -> (obs, info)`, `step(cmd) -> (obs, r, done, info)`."""
+"""The single-game environment rollouts use: `reset() -> (obs, info)`, `step(cmd) -> (obs, r, done, info)`.
+
+`AlfworldEnv` is ALFWorld's `TextEnv` (`sao_jax.envs.base`), registered as "alfworld".
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sao_jax.envs.alfworld.engine import AlfworldEngine
 from sao_jax.envs.alfworld.expert import expert_action
-from sao_jax.envs.alfworld.game import Game
+from sao_jax.envs.alfworld.game import TASK_TYPES, Game
 from sao_jax.envs.alfworld.generator import SPLITS, check_game_args, make_game
-from sao_jax.envs.alfworld.rng import StableRng
+from sao_jax.envs.alfworld.prompts import ALFWORLD_PROMPTS
 from sao_jax.envs.alfworld.search_expert import search_expert_action
+from sao_jax.envs.alfworld.vocabulary import vocabulary
+from sao_jax.envs.base import TaskSampler, TextEnv
 
 EXPERTS = ("search", "oracle")
 
@@ -24,7 +29,7 @@ def check_expert(expert: str) -> str:
     return expert
 
 
-class GameSampler:
+class GameSampler(TaskSampler):
     """Endless, reproducible stream of game indices: each epoch is a fresh stable permutation.
 
     Several envs sharing one sampler draw distinct games until the split is exhausted.
@@ -34,34 +39,22 @@ class GameSampler:
         self, split: str = "train", *, seed: int = 0, indices: Sequence[int] | None = None
     ):
         check_game_args(split, 0, "full")
-        self.split, self.seed = split, seed
-        self.indices = tuple(range(SPLITS[split])) if indices is None else tuple(indices)
-        if not self.indices:
-            raise ValueError("GameSampler needs at least one game index")
-        for index in self.indices:
+        for index in indices or ():
             check_game_args(split, index, "full")
-        self._epoch, self._order, self._position = -1, [], 0
-
-    def next_index(self) -> int:
-        """The next game index."""
-        if self._position >= len(self._order):
-            self._epoch += 1
-            self._order = StableRng("sampler", self.split, self.seed, self._epoch).shuffled(
-                self.indices
-            )
-            self._position = 0
-        self._position += 1
-        return self._order[self._position - 1]
+        if indices is not None and not indices:
+            raise ValueError("GameSampler needs at least one game index")
+        super().__init__(split, SPLITS[split], seed=seed, indices=indices)
 
 
-class AlfworldEnv:
+class AlfworldEnv(TextEnv):
     """One ALFWorld game at a time, on our engine.
 
     Rewards: 1.0 on the step that wins, else 0.0. An episode ends when won or after
     `max_steps` steps (a command that is not admissible prints "Nothing happens." and still
     costs a step).
 
-    Info (reset and step): task, task_type, game_id, admissible_commands, won, steps; on step
+    Info (reset and step): task, task_type, game_id (also as task_id), admissible_commands,
+    won, steps; on step
     also `admissible` (whether the command was); with `expert_in_info`, the expert's next
     command as `expert_action` (None once won); when the episode ends, `episode` =
     {won, steps, task_type, game_id}.
@@ -71,6 +64,12 @@ class AlfworldEnv:
       `transcript` -- like a policy that reads the texts) or "oracle" (the planner that reads
       the true world state: upper bounds and tests, not a teacher for a text-only policy).
     """
+
+    name = "alfworld"
+    splits = SPLITS
+    experts = EXPERTS
+    task_types = TASK_TYPES
+    harness = ALFWORLD_PROMPTS
 
     def __init__(
         self,
@@ -83,7 +82,7 @@ class AlfworldEnv:
         indices: Sequence[int] | None = None,
         include_help: bool = False,
         expert_in_info: bool = False,
-        sampler: GameSampler | None = None,
+        sampler: TaskSampler | None = None,
         expert: str = "search",
     ):
         check_game_args(split, 0, size)
@@ -102,6 +101,38 @@ class AlfworldEnv:
         self.done = True
         self.opening = ""
         self.transcript: list[tuple[str, str]] = []  # (command, observation) per step
+
+    @classmethod
+    def from_config(cls, config, sampler: TaskSampler) -> AlfworldEnv:
+        """The env of an `EnvConfig` (split, size, phrasing, max_steps, expert)."""
+        return cls(
+            config.split,
+            size=config.size,
+            phrasing=config.phrasing,
+            max_steps=config.max_steps,
+            sampler=sampler,
+            expert=config.expert,
+        )
+
+    @classmethod
+    def from_task_spec(cls, spec: Mapping, *, expert: str | None = None) -> AlfworldEnv:
+        """The env of a stored episode's `header.task` (split, size, phrasing, max_steps)."""
+        return cls(
+            spec["split"],
+            size=spec.get("size", "full"),
+            phrasing=spec.get("phrasing", "0.4.2"),
+            max_steps=int(spec.get("max_steps", 50)),
+            expert=expert or EXPERTS[0],
+        )
+
+    @classmethod
+    def vocabulary(cls) -> list[str]:
+        """`alfworld.vocabulary.vocabulary()`: every word of its texts, numbers up to 100."""
+        return vocabulary()
+
+    def task_spec(self) -> dict:
+        """size and phrasing (split, index and max_steps the episode records itself)."""
+        return {"size": self.size, "phrasing": self.phrasing}
 
     @property
     def game(self) -> Game:
@@ -158,6 +189,7 @@ class AlfworldEnv:
             "task": engine.game.task.sentence,
             "task_type": engine.game.task.task_type,
             "game_id": engine.game.game_id,
+            "task_id": engine.game.game_id,
             "admissible_commands": engine.admissible_commands,
             "won": engine.won,
             "steps": self.steps,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sao_jax.envs.alfworld import classes, texts
+import sao_jax.envs.alfworld.classes as classes
+import sao_jax.envs.alfworld.texts as texts
 from sao_jax.envs.alfworld.engine import AlfworldEngine
 from sao_jax.envs.alfworld.game import APPLIANCE, LOOK, TWO, Game
 from sao_jax.envs.alfworld.goals import TaskTargets, WorldState, is_won

@@ -12,7 +12,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
-from sao_jax.envs.alfworld import classes
+import sao_jax.envs.alfworld.classes as classes
 
 PICK, LOOK, CLEAN, HEAT, COOL, TWO = (
     "pick_and_place_simple",

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 from collections import Counter
 
-from sao_jax.envs.alfworld import classes
+import sao_jax.envs.alfworld.classes as classes
 from sao_jax.envs.alfworld.game import (
     APPLIANCE,
     CLEAN,
@@ -33,7 +33,6 @@ from sao_jax.envs.alfworld.game import (
     Task,
     assemble_game,
 )
-from sao_jax.envs.alfworld.rng import StableRng
 from sao_jax.envs.alfworld.rooms import (
     BATHROOM,
     BEDROOM,
@@ -43,6 +42,7 @@ from sao_jax.envs.alfworld.rooms import (
     ROOM_TYPES,
     scene_numbers,
 )
+from sao_jax.envs.rng import StableRng
 
 SIZES = ("full", "small")
 # ALFWorld's games per task type (pick, look, clean, heat, cool, two) in each split.

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from sao_jax.envs.alfworld import classes
+import sao_jax.envs.alfworld.classes as classes
 from sao_jax.envs.alfworld.game import LOOK, Game
 
 ALFWORLD_EXTRA_HINT = 'the real ALFWorld engine is optional: pip install "sao_jax[alfworld]"'

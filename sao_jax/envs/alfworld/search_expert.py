@@ -31,7 +31,8 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from sao_jax.envs.alfworld import classes, texts
+import sao_jax.envs.alfworld.classes as classes
+import sao_jax.envs.alfworld.texts as texts
 from sao_jax.envs.alfworld.game import APPLIANCE, COOL, HEAT, LOOK, TASK_TEMPLATES, TWO
 
 _DISPLAY_TO_CLASS = {

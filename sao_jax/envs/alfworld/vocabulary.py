@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import re
 
-from sao_jax.envs.alfworld import classes, harness, search_expert, texts
+import sao_jax.envs.alfworld.classes as classes
+import sao_jax.envs.alfworld.prompts as harness
+import sao_jax.envs.alfworld.search_expert as search_expert
+import sao_jax.envs.alfworld.texts as texts
 from sao_jax.envs.alfworld.game import TASK_TEMPLATES
 
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]")

@@ -11,15 +11,16 @@ import pytest
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from experiments import alfworld_sao
-from experiments.alfworld_lengths import size_sequences
-from experiments.alfworld_run import build_tokenizer
-from experiments.alfworld_warm_start import (
+from sao_jax.pipeline import cli
+from sao_jax.pipeline.lengths import (
     DEMOS,
     SequenceLengthError,
     check_sequence_lengths,
     measure_demonstrations,
+    size_sequences,
     stored_demo_lengths,
 )
+from sao_jax.pipeline.setup import build_tokenizer
 from sao_jax.rollout import collect_expert_demos
 
 ONE_SHARD = grain.sharding.ShardOptions(shard_index=0, shard_count=1)
@@ -82,9 +83,9 @@ def test_the_default_rows_are_sized_so_that_no_demonstration_is_dropped(tmp_path
     assert sized.rl.seq_len >= lengths.longest_prompt.max() + config.rollout.max_new_tokens
     assert check_sequence_lengths(config, lengths) == []
     # the command line sizes them before the run starts, and keeps an explicit value
-    assert alfworld_sao.check_lengths(config).warm_start.seq_len == sized.warm_start.seq_len
+    assert cli.check_lengths(config).warm_start.seq_len == sized.warm_start.seq_len
     explicit = _config(tmp_path, "warm_start.seq_len=512")
-    assert alfworld_sao.check_lengths(explicit).warm_start.seq_len == 512
+    assert cli.check_lengths(explicit).warm_start.seq_len == 512
 
 
 @pytest.mark.timeout(60)

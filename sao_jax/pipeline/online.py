@@ -1,8 +1,9 @@
-"""The phases of `experiments.online_sao`: warm start, evaluate, learn from live traffic, evaluate.
+"""The online job: warm start, evaluate, learn from live traffic, evaluate (`OnlineJob`).
 
-Warm start, evaluation, checkpoints and the summary are `experiments.alfworld_run`'s; only the
+Warm start, evaluation, checkpoints and the summary are the offline job's (`Job`); only the
 online phase differs: instead of the rollout engine, a live server (`OnlineServer`) and an
 agent process (`AgentFleet`) produce the ATDP trajectories the learner's stream reads.
+Presets and the command line: `experiments.online_sao`.
 """
 
 from __future__ import annotations
@@ -10,27 +11,14 @@ from __future__ import annotations
 import contextlib
 import time
 
-from experiments.alfworld_run import (
-    CURVE_KEYS,
-    Run,
-    budget_left,
-    checkpoint,
-    evaluate_policy,
-    print_summary,
-    restore,
-    summarize,
-    warm_start,
-)
-from experiments.online_agent import AgentConfig
-from experiments.online_sao import OnlineConfig
-from experiments.online_serving import AgentFinished, AgentFleet, OnlineServer
-from sao_jax.metrics import (
-    MetricsWriter,
-    ProgressBar,
-    plot_learning_curves,
-    read_metrics,
-    save_summary,
-)
+from sao_jax.metrics import MetricsWriter, ProgressBar
+from sao_jax.pipeline.checkpoints import checkpoint
+from sao_jax.pipeline.job import Job
+from sao_jax.pipeline.online_agent import AgentConfig
+from sao_jax.pipeline.online_config import OnlineConfig
+from sao_jax.pipeline.online_serving import AgentFinished, AgentFleet, OnlineServer
+from sao_jax.pipeline.setup import Run
+from sao_jax.pipeline.summary import CURVE_KEYS
 from sao_jax.rollout import WeightPublisher
 from sao_jax.train import Learner
 from sao_jax.train.loop import OnlineTrainer
@@ -214,38 +202,34 @@ def _served_stats(before: dict, games: dict, figures: dict, dropped: int) -> dic
     }
 
 
+class OnlineJob(Job):
+    """The job whose RL phase learns from a live server's traffic (`online_rl`); one process.
+
+    Attributes (besides `Job`'s): online: the `OnlineConfig`; serving: the online phase's
+    serving figures (empty until it ran), in the summary as `serving` and `serving_*`.
+    """
+
+    multi_process = False
+    curve_keys = (*CURVE_KEYS, *SERVING_CURVE_KEYS)
+
+    def __init__(self, config: OnlineConfig):
+        self.online, self.serving = config, {}
+        super().__init__(config.experiment())
+
+    def train(self) -> None:
+        """The online phase (its first `learner.critic.warmup_steps` iterations train only the
+        critic, on served data too)."""
+        self.serving = online_rl(self.state, self.online, self.log, self.learner)
+
+    def summarize(self) -> dict:
+        summary = super().summarize()
+        summary["serving"] = self.serving
+        summary.update(
+            {f"serving_{k}": v for k, v in self.serving.items() if not isinstance(v, dict)}
+        )
+        return summary
+
+
 def run(config: OnlineConfig) -> dict:
     """Run (or resume) online SAO; returns the summary also written to DIR/summary.json."""
-    state = Run(config.experiment())
-    learner = Learner(state.config.learner, state.policy)
-    meta = restore(state, learner) if config.resume else None
-    serving: dict = {}
-    with MetricsWriter(
-        state.out,
-        tensorboard=config.tensorboard,
-        resume_from_step=state.step if config.resume else None,
-    ) as log:
-        if meta is None:
-            warm_start(state, log)
-            learner = Learner(state.config.learner, state.policy)
-            learner.trained_on = state.trained_on  # its first checkpoint's parent: the warm start
-        elif meta["phase"] != "rl" and budget_left(state, learner):
-            meta["phase"] = "rl"  # a finished run resumed with a larger budget
-            state.evals.pop("end", None)
-        if meta is None or meta["phase"] == "rl":
-            serving = online_rl(state, config, log, learner)
-        if "end" not in state.evals:
-            evaluate_policy(state, log, learner.policy_module(), learner.policy_version, "end")
-        checkpoint(state, learner, None, phase="done")
-    state.checkpointer.wait_until_finished()
-    state.checkpointer.close()
-    summary = summarize(state, learner)
-    summary["serving"] = serving
-    summary.update({f"serving_{k}": v for k, v in serving.items() if not isinstance(v, dict)})
-    save_summary(state.out, summary)
-    records = read_metrics(state.out)
-    wanted = (*CURVE_KEYS, *SERVING_CURVE_KEYS)
-    keys = [k for k in wanted if any(isinstance(r.get(k), int | float) for r in records)]
-    plot_learning_curves(records, state.out / "learning_curve.png", keys=keys, title=str(state.out))
-    print_summary(summary)
-    return summary
+    return OnlineJob(config).run()

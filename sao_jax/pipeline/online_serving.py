@@ -3,7 +3,7 @@
 - `OnlineServer`: gateway + router + data proxy + worker (`serving.local`) serving the
   learner's policy on a loopback port from its own event-loop thread. The data proxy records
   into the run's ATDP store; the worker follows the learner's `WeightPublisher`.
-- `AgentFleet`: `python -m experiments.online_agent` as a child process, and the rollout
+- `AgentFleet`: `python -m sao_jax.pipeline.online_agent` as a child process, and the rollout
   source `sao_jax.train.loop.OnlineTrainer` drives (`start` / `stop` / `guard` /
   `raise_if_failed`): the learner's blocking stream read gives up with `AgentError` when the
   agent died, instead of waiting forever for data that will not come.
@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 from flax import nnx
 
-from experiments.online_agent import ADMIN_KEY_ENV, AgentConfig
+from sao_jax.pipeline.online_agent import ADMIN_KEY_ENV, AgentConfig
 from sao_jax.rollout.guard import guarded
 from sao_jax.rollout.weights import WeightPublisher
 from sao_jax.tokenizers import HFTokenizer
@@ -177,7 +177,7 @@ class AgentFleet:
                 flags.append(flag if value else "--no-" + flag[2:])
             else:
                 flags += [flag, str(value)]
-        return [sys.executable, "-m", "experiments.online_agent", *flags,
+        return [sys.executable, "-m", "sao_jax.pipeline.online_agent", *flags,
                 "--log", str(self.log_path), "--stats", str(self.stats_path)]  # fmt: skip
 
     def start(self) -> None:
@@ -185,7 +185,7 @@ class AgentFleet:
             return
         env = {**os.environ, ADMIN_KEY_ENV: self.admin_key}
         env.pop("XLA_FLAGS", None)  # the agent never imports JAX
-        repo = str(Path(__file__).resolve().parents[1])
+        repo = str(Path(__file__).resolve().parents[2])  # the folder holding `sao_jax`
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
         with open(self.stderr_path, "ab") as stderr:
             self.process = subprocess.Popen(

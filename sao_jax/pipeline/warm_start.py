@@ -15,146 +15,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from atdp_io import (
-    DecodingParams,
-    Event,
-    EventKind,
-    LLMCall,
-    Trajectory,
-    lineage,
-)
 from atdp_io.rows import pack_batch
-from experiments.alfworld_lengths import (  # noqa: F401  (re-exported: the phase's checks)
-    DEMOS,
-    DemoLengths,
-    SequenceLengthError,
-    check_sequence_lengths,
-    measure_demonstrations,
-    stored_demo_lengths,
-)
+from atdp_io.trained_on import TrainedOn
+from sao_jax.checkpoint import Checkpointer, checkpoint_directory
 from sao_jax.distributed.host_sync import allgather_numbers
-from sao_jax.envs.alfworld import SPLITS, AlfworldEnv
+from sao_jax.envs.alfworld import SPLITS
 from sao_jax.metrics import MetricsWriter, ProgressBar
-from sao_jax.rollout import collect_expert_demos, expert_reply
-from sao_jax.tokenizers import Tokenizer
-from sao_jax.tokenizers.chat_template import IM_END
+from sao_jax.pipeline.evaluation import evaluate_policy
+from sao_jax.pipeline.lengths import DEMOS, check_sequence_lengths, stored_demo_lengths
+from sao_jax.pipeline.relabel import relabel_all
+from sao_jax.pipeline.setup import WARM_START_DIR, Run
+from sao_jax.rollout import collect_expert_demos
 from sao_jax.train import BehaviourCloner
 
-if TYPE_CHECKING:
-    from experiments.alfworld_setup import Run
-
 DAGGER = "dagger"
-EXPERT_MODEL_ID = "alfworld-expert-relabel"
-
-
-def relabel_with_expert(
-    trajectory: Trajectory,
-    tokenizer: Tokenizer,
-    *,
-    think: bool,
-    max_new_tokens: int,
-    tenant: str | None = None,
-    expert: str = "search",
-) -> Trajectory | None:
-    """The episode with every LLM call's output replaced by the expert's reply to its prompt.
-
-    The game is rebuilt from `header.task` and stepped with the recorded commands, so each turn
-    is relabelled in exactly the state the policy saw. Turns after the game is won (none) and
-    expert replies longer than `max_new_tokens` end the relabelled episode. `tenant`: the
-    partition the result is written to (its governance names it). `expert`: which expert
-    relabels ("search": from the transcript of the recorded commands, as the policy saw them;
-    "oracle": the planner), the same kind that made the demos; it is recorded as the calls'
-    `decoding.extra["policy"]` ("expert-search") and in their model id. Returns None when no
-    turn could be relabelled.
-    """
-    task = trajectory.header.task
-    env = AlfworldEnv(
-        task["split"],
-        size=task["size"],
-        phrasing=task["phrasing"],
-        max_steps=task["max_steps"],
-        expert=expert,
-    )
-    env.reset(task["index"])
-    im_end = tokenizer.token_to_id(IM_END)
-    decoding = DecodingParams(
-        temperature=0.0, extra={"logprobs": "absent", "policy": f"expert-{expert}"}
-    )
-    events: list[Event] = []
-    for event in trajectory.events:
-        if event.kind == EventKind.LLM_CALL:
-            command = env.expert_action()
-            if command is None:
-                break
-            ids = np.asarray([*tokenizer.encode(expert_reply(command, think=think)), im_end])
-            if ids.shape[0] > max_new_tokens:
-                break
-            call = LLMCall(
-                model_id=f"{EXPERT_MODEL_ID}-{expert}",
-                policy_version=0,
-                input_ids=event.llm.input_ids,
-                output_ids=ids.astype(np.int32),
-                output_logprobs=np.zeros(ids.shape, np.float32),
-                decoding=decoding,
-                prompt_template_fingerprint=event.llm.prompt_template_fingerprint,
-                finish_reason="stop",
-            )
-            events.append(dataclasses.replace(event, llm=call))
-        elif event.kind == EventKind.ENV_STEP:
-            # the policy's own command moves the game on: the next prompt is the one it saw
-            _, _, done, _ = env.step(event.action.text if event.action else "")
-            events.append(dataclasses.replace(event, rewards=()))
-            if done:
-                break
-    if not any(e.kind == EventKind.LLM_CALL for e in events):
-        return None
-    # Derived data: it names the episode and takes its governance (expires and is purged
-    # with it), wherever it is written.
-    header = lineage.derived_header(
-        [trajectory],
-        tenant=tenant,
-        trajectory_id=f"{trajectory.trajectory_id}-relabel",
-        created_at=trajectory.header.created_at,
-        session_id=trajectory.header.session_id,
-        task={**task, "source": "expert_relabel"},
-        envelope=trajectory.header.envelope,
-    )
-    return Trajectory(header, tuple(events), trajectory.outcome)
-
-
-def relabel_all(
-    trajectories: Iterable[Trajectory],
-    tokenizer: Tokenizer,
-    *,
-    think: bool,
-    max_new_tokens: int,
-    tenant: str | None = None,
-    expert: str = "search",
-) -> list[Trajectory]:
-    """`relabel_with_expert` over many episodes (those with nothing to relabel are skipped)."""
-    out = []
-    for trajectory in trajectories:
-        relabelled = relabel_with_expert(
-            trajectory,
-            tokenizer,
-            think=think,
-            max_new_tokens=max_new_tokens,
-            tenant=tenant,
-            expert=expert,
-        )
-        if relabelled is not None:
-            out.append(relabelled)
-    return out
-
-
-# -- the phase ----------------------------------------------------------------------------------
-
-
 HELDOUT = "demos-heldout"
 
 
@@ -344,3 +222,25 @@ def dagger_round(
     loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
     batches = iter(loader.epoch(seed=config.seed + index + 1, num_epochs=None))
     cloner.run(batches, spec.dagger_steps, report)
+
+
+def warm_start(run: Run, log: MetricsWriter) -> None:
+    """The cloned policy and its start evaluation, saved to DIR/warm_start (or both taken from
+    `warm_start.from_run`)."""
+    spec = run.config.warm_start
+    if spec.from_run:
+        with Checkpointer(
+            checkpoint_directory(spec.from_run) / WARM_START_DIR, create=False
+        ) as saved:
+            restored = saved.restore({"policy": run.policy})
+            run.trained_on = TrainedOn(parent=saved.step_path(restored.step))
+        run.policy = restored.items["policy"]
+        run.evals["start"] = restored.metadata["evals"]["start"]
+        if "warm_start" in restored.metadata["evals"]:
+            run.evals["warm_start"] = restored.metadata["evals"]["warm_start"]
+        return
+    clone_expert(run, log)
+    evaluate_policy(run, log, run.policy, 0, "start")
+    with Checkpointer(run.warm_start_dir, max_to_keep=1, async_save=False) as saved:
+        kept = {k: run.evals[k] for k in ("start", "warm_start") if k in run.evals}
+        saved.save(0, {"policy": run.policy}, metadata={"evals": kept}, trained_on=run.trained_on)

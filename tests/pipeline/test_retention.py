@@ -18,7 +18,7 @@ from atdp_io import (
     TrajectoryHeader,
 )
 from experiments import alfworld_sao
-from experiments.alfworld_setup import ROLLOUTS, Run
+from sao_jax.pipeline.setup import ROLLOUTS, Run
 
 
 def _episode(tenant: str, trajectory_id: str, expires_at: float | None) -> Trajectory:

@@ -11,17 +11,14 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from atdp_io import AtdpStore, Trajectory
 from atdp_io.rows import TrainingView, training_view, trajectory_rows
+from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos
 from sao_jax.tokenizers import Tokenizer
-
-if TYPE_CHECKING:
-    from experiments.alfworld_sao import ExperimentConfig
 
 DEMOS = "demos"
 

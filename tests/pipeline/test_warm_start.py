@@ -7,13 +7,9 @@ import numpy as np
 import pytest
 
 from atdp_io import AtdpStore, EventKind, GovernanceUpdate, SourceRef
-from experiments.alfworld_warm_start import (
-    batches_per_epoch,
-    heldout_games,
-    relabel_all,
-    relabel_with_expert,
-)
 from sao_jax.envs.alfworld import SPLITS, AlfworldEnv, vocabulary
+from sao_jax.pipeline.relabel import relabel_all, relabel_with_expert
+from sao_jax.pipeline.warm_start import batches_per_epoch, heldout_games
 from sao_jax.rollout import EnvConfig, RolloutConfig, collect_expert_demos
 from sao_jax.tokenizers import WordTokenizer
 

@@ -1,4 +1,4 @@
-"""What every phase of an ALFWorld RL run shares (`experiments.alfworld_run`): the config
+"""What every phase of a job shares (`sao_jax.pipeline.job`): the config
 resolved, the tokenizer and model built, the ATDP store, checkpoints, samplers and engines, and
 where each process of a multi-process job differs (its tenants, share of episodes, seeds,
 rollout mesh).
@@ -20,15 +20,16 @@ from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
 from atdp_io.retention import PurgeSchedule
 from atdp_io.trained_on import TrainedOn
-from experiments.alfworld_lengths import sized_config
-from experiments.alfworld_sao import ExperimentConfig
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
 from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.distributed.job import Job, setup_job
 from sao_jax.distributed.mesh import make_global_mesh
 from sao_jax.distributed.resharding import reshard, rollout_shardings
+from sao_jax.envs.alfworld import SPLITS as ALFWORLD_SPLITS
 from sao_jax.envs.alfworld import vocabulary
 from sao_jax.models import Transformer, get_model_config, init_model, load_hf_qwen3_moe
+from sao_jax.pipeline.config import ExperimentConfig
+from sao_jax.pipeline.lengths import sized_config
 from sao_jax.rollout import (
     EngineConfig,
     RolloutEngine,
@@ -69,7 +70,7 @@ def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Tr
 
 def resolve(config: ExperimentConfig) -> ExperimentConfig:
     """Games and sampling offset by `config.seed` (model init uses it directly); group
-    algorithms (GRPO) play `learner.group_size` rollouts of each game, and at least one group
+    algorithms (GRPO) play `learner.group.size` rollouts of each game, and at least one group
     per policy version; windowed rows fix the learner's head capacity at one reply."""
     rollout = dataclasses.replace(config.rollout, seed=config.rollout.seed + 1000 * config.seed)
     rl, learner = config.rl, config.learner
@@ -82,7 +83,7 @@ def resolve(config: ExperimentConfig) -> ExperimentConfig:
         # capacity for the whole run instead of one per bucket the batches happen to reach
         learner = dataclasses.replace(learner, max_action_tokens_per_row=rollout.max_new_tokens)
     if get_algorithm(config.learner.algorithm).advantage == "group" and rollout.group_size == 1:
-        rollout = dataclasses.replace(rollout, group_size=config.learner.group_size)
+        rollout = dataclasses.replace(rollout, group_size=config.learner.group.size)
         rl = dataclasses.replace(
             rl, episodes_per_version=max(rl.episodes_per_version, rollout.group_size)
         )
@@ -116,6 +117,7 @@ class Run:
             raise ValueError(
                 f"atdp_purge_every_s must be >= 0 seconds, got {config.atdp_purge_every_s!r}"
             )
+        self.eval_splits = evaluation_splits(config)
         self.mesh = self.job.mesh
         # a seq_len left at 0 is sized from expert games of this run's prompts (every process
         # measures the same games, so all agree)
@@ -278,6 +280,24 @@ class Run:
                 f"-r{uuid.uuid4().hex[:8]}"
             ),
         )
+
+
+def env_splits(config: ExperimentConfig) -> dict[str, int]:
+    """{split: number of tasks} of the run's env."""
+    return dict(ALFWORLD_SPLITS)
+
+
+def evaluation_splits(config: ExperimentConfig) -> tuple[str, ...]:
+    """The splits evaluation plays, held-out last: `eval.splits`, or every split of the env
+    but the one it trains on (checked here, not after hours of training)."""
+    splits = env_splits(config)
+    chosen = config.eval.splits or tuple(s for s in splits if s != config.env.split)
+    unknown = [s for s in chosen if s not in splits]
+    if unknown or not chosen:
+        raise ValueError(
+            f"eval.splits must name splits of the env ({sorted(splits)}), got {list(chosen)}"
+        )
+    return tuple(chosen)
 
 
 def check_process_split(config: ExperimentConfig, processes: int) -> None:

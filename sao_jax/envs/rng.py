@@ -1,9 +1,9 @@
 """A random stream that gives the same numbers on every machine, process and Python version.
 
-Games must be a pure function of (split, index, size). Python's `hash()` is salted per process
-and `random.Random`'s helpers (`randrange`, `shuffle`, `sample`) may change between Python
-versions; only `Random.random()` under an integer seed is guaranteed stable. So seeds come from
-BLAKE2b and every draw is derived from `random()` alone.
+Tasks must be a pure function of their split and index (ALFWorld games: and size). Python's
+`hash()` is salted per process and `random.Random`'s helpers (`randrange`, `shuffle`, `sample`)
+may change between Python versions; only `Random.random()` under an integer seed is guaranteed
+stable. So seeds come from BLAKE2b and every draw is derived from `random()` alone.
 """
 
 from __future__ import annotations

@@ -1,0 +1,212 @@
+"""The SEED job: hindsight-skill SFT after the warm start, then SAO (or GRPO) with self-evolving
+OPD (`SeedJob`; presets and the command line: `experiments.alfworld_seed`).
+
+Phases: the warm start (demos -> cloning -> evaluation) -> stage 1: the cloned policy plays
+`hindsight.sft_episodes`, an analyzer writes one skill per episode (rule-based on the game's
+ground truth by default), skills (analysis prompt -> skill) and acting data (won episodes as
+played, lost ones relabelled by the expert) go to the `seed_sft` tenant, and one cloner
+fine-tunes on both -> critic warm-up -> RL where every learner iteration lets the current
+policy write a skill per trajectory, re-scores the sampled actions with it in context and adds
+`learner.opd.weight * seed_opd_loss` (`SeedLearner`) -> evaluation without skills. Same
+outputs and summary keys as the plain job, plus `seed_*` keys (stage-1 counts, seconds of
+analysis and re-scoring per iteration, mean delta and gate). Stage-2 skills go to the `skills`
+tenant: `python -m sao_jax.seed inspect DIR/atdp`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from atdp_io import lineage
+from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
+from sao_jax.pipeline.config import ExperimentConfig
+from sao_jax.pipeline.job import Job
+from sao_jax.pipeline.relabel import relabel_all
+from sao_jax.pipeline.setup import Run
+from sao_jax.pipeline.summary import CURVE_KEYS
+from sao_jax.rollout import WeightPublisher
+from sao_jax.seed import SeedLearner, label_and_store, make_analyzer, write_skills
+from sao_jax.seed.config import SeedConfig
+from sao_jax.train import BehaviourCloner, Learner, get_algorithm
+
+SFT_PLAY, SEED_SFT, SKILLS = "seed_play", "seed_sft", "skills"
+ANALYZER_SAMPLER = -2  # Run.sampler index of the self-policy analyzer (-1: periodic eval)
+
+
+@dataclasses.dataclass
+class SeedExperimentConfig(ExperimentConfig):
+    """An `alfworld_sao` run plus SEED (`hindsight`); `learner.algorithm` sao_seed / grpo_seed
+    switches stage 2 on (a plain algorithm runs stage 1 only)."""
+
+    hindsight: SeedConfig = dataclasses.field(default_factory=SeedConfig)
+
+
+def with_seed(base: ExperimentConfig, hindsight: SeedConfig) -> SeedExperimentConfig:
+    """`base` with SEED: `hindsight` and the SAO + SEED algorithm."""
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(ExperimentConfig)}
+    fields["learner"] = dataclasses.replace(base.learner, algorithm="sao_seed")
+    return SeedExperimentConfig(**fields, hindsight=hindsight)
+
+
+# -- stage 1 -----------------------------------------------------------------------------------
+
+
+def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
+    """Play with the warm-started policy, label every episode with a skill, fine-tune jointly on
+    acting and analysing; `run.policy` becomes the fine-tuned policy. Returns stage-1 counts."""
+    spec, config = run.config.hindsight, run.config
+    if spec.sft_steps == 0:
+        return {}
+    start = time.perf_counter()
+    publisher = WeightPublisher()
+    publisher.publish(run.policy, 0)
+    with run.store.writer(SFT_PLAY) as writer:
+        engine = run.engine(publisher, writer, asynchronous=False, tenant=SFT_PLAY, seed_offset=900)
+        played_stats = engine.generate(spec.sft_episodes)
+    reader = run.store.reader(SFT_PLAY, principal=SFT_PLAY)
+    reader.refresh()
+    played = [reader.read(i) for i in reader.trajectory_ids() if i.startswith(engine.run_id)]
+    sampler = run.sampler(ANALYZER_SAMPLER)
+    sampler.update_weights(run.policy, 0)
+    analyzer = make_analyzer(
+        spec.sft_analyzer, config=spec, sampler=sampler, tokenizer=run.tokenizer
+    )
+    labelled = label_and_store(
+        run.store, played, analyzer, run.tokenizer, tenant=SEED_SFT, max_actions=spec.max_actions
+    )
+    acting = []
+    if spec.sft_acting:
+        won = [t for t in played if t.outcome and t.outcome.success]
+        lost = [t for t in played if not (t.outcome and t.outcome.success)]
+        acting = [_to_tenant(t, SEED_SFT) for t in won] + relabel_all(
+            lost,
+            run.tokenizer,
+            think=config.rollout.think,
+            max_new_tokens=config.rollout.max_new_tokens,
+            tenant=SEED_SFT,
+        )
+        with run.store.writer(SEED_SFT) as writer:
+            writer.append(acting)
+    loader = run.loader(SEED_SFT, rows=config.warm_start.rows, seq_len=config.warm_start.seq_len)
+    cloner = BehaviourCloner(
+        run.policy,
+        dataclasses.replace(config.warm_start.optimizer, learning_rate=spec.sft_learning_rate),
+        moe_aux=config.learner.moe,
+    )
+    cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's
+    bar = ProgressBar(spec.sft_steps, desc="skill SFT", keys=("nll",), disable=not config.progress)
+
+    def report(step: int, metrics: dict) -> None:
+        run.step += 1
+        log.write(run.step, {f"sft/{k}": v for k, v in metrics.items()})
+        bar.update(metrics=metrics)
+
+    with bar:
+        cloner.run(iter(loader.epoch(seed=config.seed, num_epochs=None)), spec.sft_steps, report)
+    run.policy = cloner.policy_module()
+    stats = {
+        "sft_played_episodes": played_stats["episodes"],
+        "sft_played_success": played_stats["success_rate"],
+        "sft_skills": labelled["skills"],
+        "sft_acting_episodes": len(acting),
+        "sft_seconds": time.perf_counter() - start,
+    }
+    log.write(run.step, {f"sft/{k}": v for k, v in stats.items()})
+    return stats
+
+
+def _to_tenant(trajectory, tenant: str):
+    """A copy of `trajectory` in `tenant`: derived data, purged with the original."""
+    header = lineage.derived_header(
+        [trajectory],
+        tenant=tenant,
+        **{
+            f.name: getattr(trajectory.header, f.name)
+            for f in dataclasses.fields(trajectory.header)
+            if f.name not in ("governance", "derived_from")
+        },
+    )
+    return dataclasses.replace(trajectory, header=header)
+
+
+# -- stage 2 -----------------------------------------------------------------------------------
+
+
+def make_learner(run: Run) -> Learner:
+    """A `SeedLearner` for SEED algorithms (self-policy analyzer on its own sampler, skills
+    written to the `skills` tenant), a plain `Learner` otherwise."""
+    config, spec = run.config, run.config.hindsight
+    if not get_algorithm(config.learner.algorithm).opd:
+        return Learner(config.learner, run.policy)
+    analyzer = make_analyzer(
+        spec.opd_analyzer,
+        config=spec,
+        sampler=run.sampler(ANALYZER_SAMPLER),
+        tokenizer=run.tokenizer,
+    )
+    on_skills = None
+    if spec.store_skills:
+
+        def on_skills(records, skills):
+            write_skills(
+                run.store,
+                records,
+                skills,
+                run.tokenizer,
+                tenant=SKILLS,
+                max_actions=spec.max_actions,
+                skip_purged=True,  # an episode purged while training leaves no skill behind
+            )
+
+    return SeedLearner(
+        config.learner,
+        run.policy,
+        analyzer=analyzer,
+        tokenizer=run.tokenizer,
+        max_skill_tokens=spec.max_skill_tokens,
+        think=config.rollout.think,
+        on_skills=on_skills,
+    )
+
+
+def seed_summary(records: list[dict], sft: dict) -> dict:
+    """SEED's cost and signal over the run's RL iterations (means), plus stage-1 counts."""
+    out = {f"seed_{k}": v for k, v in sft.items()}
+    keys = {
+        "seed_analysis_seconds_per_iter": "seed/analysis_seconds",
+        "seed_rescore_seconds_per_iter": "seed/rescore_seconds",
+        "seed_opd_delta_mean": "policy/opd_delta_mean",
+        "seed_opd_gate_mean": "policy/opd_gate_mean",
+        "seed_opd_loss": "policy/opd_loss",
+    }
+    for name, key in keys.items():
+        values = [r[key] for r in records if isinstance(r.get(key), int | float)]
+        out[name] = float(np.mean(values)) if values else None
+    return out
+
+
+class SeedJob(Job):
+    """The job with SEED: skill SFT after the warm start, a `SeedLearner` for SEED algorithms,
+    `seed_*` keys in the summary. One process (with any number of its devices)."""
+
+    multi_process = False
+    curve_keys = (*CURVE_KEYS, "policy/opd_gate_mean", "policy/opd_delta_mean", "sft/nll")
+
+    def make_learner(self) -> Learner:
+        return make_learner(self.state)
+
+    def after_warm_start(self) -> None:
+        # stage-1 counts ride in the evals of every checkpoint, so a resumed run reports them
+        self.state.evals["seed_sft"] = hindsight_sft(self.state, self.log)
+
+    def summarize(self) -> dict:
+        sft = dict(self.state.evals.get("seed_sft") or {})
+        return dict(super().summarize(), **seed_summary(read_metrics(self.state.out), sft))
+
+
+def run(config: SeedExperimentConfig) -> dict:
+    """Run (or resume) the SEED job; returns the summary also written to DIR/summary.json."""
+    return SeedJob(config).run()

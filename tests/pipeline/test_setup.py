@@ -1,0 +1,51 @@
+"""`Run` and `Job` on several processes: what they check before anything runs (a fake process
+1 of 2, nothing joined)."""
+
+import pytest
+
+from experiments import alfworld_sao
+from sao_jax.distributed import Job, ProcessInfo
+from sao_jax.pipeline import job as pipeline_job
+from sao_jax.pipeline import setup as pipeline_setup
+from sao_jax.pipeline.seed import SeedJob, with_seed
+from sao_jax.seed.config import SeedConfig
+
+
+def two_process_job(tmp_path):
+    """A Job that says it is process 1 of 2 (nothing joined): what `Run` checks first."""
+    return lambda spec, distributed=None: Job(ProcessInfo(1, 2, 4, 8, "cpu", "explicit"), None)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_refused_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline_job, "setup_job", two_process_job(tmp_path))
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out"), "rl.rows=15"])
+    with pytest.raises(ValueError, match=r"rl.rows=15 does not split over 2 processes"):
+        pipeline_job.run(config)
+    assert not (tmp_path / "out" / "atdp").exists()
+
+
+def test_experiments_without_a_multi_process_path_refuse_one(tmp_path):
+    """SEED and the online runner build on `Run` but run one process: they say so."""
+    job = two_process_job(tmp_path)(None)
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
+    with pytest.raises(NotImplementedError, match=r"joined 2 processes.*experiments.alfworld_sao"):
+        pipeline_setup.Run(config, job)
+    assert not (tmp_path / "out" / "atdp").exists()
+
+
+def test_a_job_without_a_multi_process_path_refuses_one_through_its_hook(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline_job, "setup_job", two_process_job(tmp_path))
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
+    with pytest.raises(NotImplementedError, match=r"joined 2 processes"):
+        SeedJob(with_seed(config, SeedConfig()))
+    assert not (tmp_path / "out" / "atdp").exists()
+
+
+def test_evaluation_splits_default_to_the_envs_and_unknown_ones_are_refused_first(tmp_path):
+    out = tmp_path / "out"
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(out)])
+    assert pipeline_setup.evaluation_splits(config) == ("valid_seen", "valid_unseen")
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(out), "eval.splits=[nope]"])
+    with pytest.raises(ValueError, match=r"eval.splits must name splits of the env.*nope"):
+        pipeline_setup.Run(config)
+    assert not (out / "atdp").exists() and not (out / "checkpoints").exists()
