@@ -159,6 +159,15 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
         if value is REQUIRED and dataclasses.is_dataclass(annotation):
             value = annotation  # a nested config without a default: its own field defaults
         name = short + field.name if short is not None else prefix + field.name
+        base, optional = _optional(annotation)
+        help_text = field.metadata.get("help", docs.get(field.name, ""))
+        if optional and dataclasses.is_dataclass(base):
+            # an optional nested config: settable as a whole (`none`) or field by field
+            # (setting one of its fields builds it from its defaults)
+            rows.append(
+                Leaf(prefix + field.name, annotation, value, help_text, field.metadata, name)
+            )
+            value = base if value is None else value
         if dataclasses.is_dataclass(value):
             flat = field.metadata.get("flatten", False)
             inner_short = "" if flat else (name + "." if short is not None else None)
@@ -170,7 +179,6 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
                 if row.key.rpartition(".")[2] not in hidden and not (flat and row.name in own)
             )
             continue
-        help_text = field.metadata.get("help", docs.get(field.name, ""))
         rows.append(Leaf(prefix + field.name, annotation, value, help_text, field.metadata, name))
     return rows
 

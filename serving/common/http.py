@@ -1,14 +1,11 @@
-"""HTTP plumbing shared by the services: bearer keys, app setup, JSON-lines streams."""
+"""HTTP plumbing of the services' servers: bearer keys and app setup (their clients:
+`serving.common.client`)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-from collections.abc import AsyncIterator
-from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from serving.common.errors import ApiError, error_middleware
@@ -40,34 +37,3 @@ def require_service_key(request: web.Request, key: str | None) -> None:
 
 def new_app() -> web.Application:
     return web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
-
-
-def service_headers(key: str | None) -> dict[str, str]:
-    return {} if key is None else {"Authorization": f"Bearer {key}"}
-
-
-async def raise_for_api_error(response: aiohttp.ClientResponse) -> None:
-    """Turn another service's error answer back into the same `ApiError`."""
-    if response.status < 400:
-        return
-    try:
-        body: Any = await response.json(content_type=None)
-    except (json.JSONDecodeError, aiohttp.ContentTypeError, UnicodeDecodeError):
-        body = await response.text()
-    error = ApiError.from_json(response.status, body)
-    if "Retry-After" in response.headers:
-        error.headers["Retry-After"] = response.headers["Retry-After"]
-    raise error
-
-
-async def json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a newline-delimited JSON stream, as they arrive."""
-    buffer = b""
-    async for data in response.content.iter_any():
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
-    if buffer.strip():
-        yield json.loads(buffer)

@@ -12,8 +12,8 @@ what OpenAI's API has no words for: sessions, rewards, export and the admin oper
     session.end(success=True)                       # its answer has the session's cost_usd
     gateway.delete("acme", user_id="user-7")        # or withdraw_consent(...): data rights
 
-Standard library only (urllib); errors come back as `ApiError` with the server's status and
-OpenAI error fields.
+Synchronous, over urllib (`serving.common.client.BlockingClient`); errors come back as
+`ApiError` with the server's status and OpenAI error fields (an unreachable gateway: 503).
 """
 
 from __future__ import annotations
@@ -22,36 +22,10 @@ import contextlib
 import dataclasses
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from serving.common.errors import ApiError
-
-
-def _request(url: str, path: str, key: str, body: dict[str, Any] | None, timeout: float) -> bytes:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url + path,
-        data=data,
-        method="GET" if body is None else "POST",
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as error:
-        try:
-            payload = json.loads(error.read())
-        except ValueError:
-            payload = None
-        raise ApiError.from_json(error.code, payload) from None
-    return raw
-
-
-def _call(url: str, path: str, key: str, body: dict[str, Any] | None, timeout: float) -> Any:
-    return json.loads(_request(url, path, key, body, timeout))
+from serving.common.client import BlockingClient
 
 
 @dataclasses.dataclass
@@ -76,6 +50,9 @@ class Session:
     model: str | None
     timeout_s: float = 120.0
 
+    def _client(self) -> BlockingClient:
+        return BlockingClient(self.gateway_url, api_key=self.api_key, timeout_s=self.timeout_s)
+
     def openai(self, **kwargs: Any):
         """An `openai.OpenAI` client whose calls are recorded in this session."""
         import openai
@@ -87,14 +64,14 @@ class Session:
     ) -> dict[str, Any]:
         """Reward one completion (its response id) or, without one, the last completion."""
         body = {"reward": reward, "interaction_id": interaction_id, "source": source}
-        return _call(self.gateway_url, "/rl/set_reward", self.api_key, body, self.timeout_s)
+        return self._client().call("/rl/set_reward", body)
 
     def event(self, type: str, name: str, **fields: Any) -> dict[str, Any]:
         """Report a tool call, retrieval, memory operation or approval (`type` "tool",
         "retrieval", "memory", "approval"; `fields` as `/rl/event`: call_id, arguments,
         result, approved, error, latency_s, version, interaction_id)."""
         body = {"type": type, "name": name, **{k: v for k, v in fields.items() if v is not None}}
-        return _call(self.gateway_url, "/rl/event", self.api_key, body, self.timeout_s)
+        return self._client().call("/rl/event", body)
 
     @contextlib.contextmanager
     def timed(self, type: str, name: str, **fields: Any) -> Iterator[TimedEvent]:
@@ -119,11 +96,11 @@ class Session:
 
     def end(self, *, success: bool | None = None, info: dict[str, Any] | None = None) -> dict:
         body = {"success": success, "info": info or {}}
-        return _call(self.gateway_url, "/rl/end_session", self.api_key, body, self.timeout_s)
+        return self._client().call("/rl/end_session", body)
 
     def cost(self) -> float:
         """US dollars of the session's recorded calls so far (None-priced calls add nothing)."""
-        answer = _call(self.gateway_url, "/rl/session_cost", self.api_key, {}, self.timeout_s)
+        answer = self._client().call("/rl/session_cost", {})
         return answer["cost_usd"]
 
 
@@ -134,9 +111,10 @@ class GatewayClient:
         self.url = url.rstrip("/")
         self.key = key
         self.timeout_s = timeout_s
+        self._client = BlockingClient(self.url, api_key=key, timeout_s=timeout_s)
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
-        return _call(self.url, path, self.key, body, self.timeout_s)
+        return self._client.call(path, body)
 
     def start_session(
         self,
@@ -193,7 +171,7 @@ class GatewayClient:
             "eligible_only": eligible_only,
             "include_open": include_open,
         }
-        raw = _request(self.url, "/rl/export", self.key, body, self.timeout_s)
+        raw = self._client.request("/rl/export", body)
         return (json.loads(line) for line in raw.splitlines() if line.strip())
 
     def delete(
@@ -246,4 +224,4 @@ class GatewayClient:
         return self._post("/rl/update_weights", {"path": path, "version": version})
 
     def health(self) -> dict[str, Any]:
-        return _call(self.url, "/health", self.key, None, self.timeout_s)
+        return self._client.call("/health")

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from serving.common.client import ServiceClient
 from serving.common.errors import ApiError
-from serving.common.http import raise_for_api_error, service_headers
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy.events import AgentEvent
 from serving.proxy.proxy import DataProxy
@@ -108,58 +108,37 @@ class LocalProxyClient:
         return None
 
 
-class HttpProxyClient:
+class HttpProxyClient(ServiceClient):
     """A data proxy behind its HTTP API at `url`."""
 
     def __init__(self, url: str, *, service_key: str | None = None, timeout_s: float = 30.0):
-        self.url = url.rstrip("/")
-        self._headers = service_headers(service_key)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        super().__init__(url, api_key=service_key, timeout_s=timeout_s)
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers, connector=aiohttp.TCPConnector(limit=512)
-            )
-        return self._session
-
-    def _unavailable(self, error: Exception) -> ApiError:
+    def unavailable(self, error: BaseException) -> Exception:
         return ApiError(
             503, f"data proxy {self.url} is unavailable: {error}", code="proxy_unavailable"
         )
 
     async def _call(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            async with self._http().post(
-                f"{self.url}{path}", json=body, timeout=self._timeout
-            ) as r:
-                await raise_for_api_error(r)
-                return await r.json()
-        except (TimeoutError, aiohttp.ClientConnectionError) as error:
-            raise self._unavailable(error) from None
+        return await self.call("POST", path, body)
 
     async def _stream_or_json(self, path: str, body: dict[str, Any]):
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
+        response = await self.open(path, body)
+        if response.content_type == "text/event-stream":
+            return self._relay(response)
         try:
-            response = await self._http().post(f"{self.url}{path}", json=body, timeout=timeout)
-        except (TimeoutError, aiohttp.ClientConnectionError) as error:
-            raise self._unavailable(error) from None
-        try:
-            await raise_for_api_error(response)
-            if response.content_type != "text/event-stream":
-                return await response.json()
-        except BaseException:
+            return await response.json()
+        finally:
             response.release()
-            raise
-        return self._relay(response)
 
     async def _relay(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The SSE bytes; a connection lost mid-stream ends it with an SSE error event (the
+        client has its 200 already)."""
         try:
             async for data in response.content.iter_any():
                 yield data
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
-            yield f"data: {json.dumps(self._unavailable(error).to_json())}\n\n".encode()
+            yield f"data: {json.dumps(self.unavailable(error).to_json())}\n\n".encode()
         finally:
             response.release()
 
@@ -199,16 +178,8 @@ class HttpProxyClient:
         body = {"session_id": session_id, "tenant": tenant, "event": _event_body(event)}
         return await self._call("/event", body)
 
-    async def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
-        body = {"tenant": tenant, **kwargs}
-        try:
-            async with self._http().post(f"{self.url}/export", json=body, timeout=timeout) as r:
-                await raise_for_api_error(r)
-                async for data in r.content.iter_any():
-                    yield data
-        except (TimeoutError, aiohttp.ClientConnectionError) as error:
-            raise self._unavailable(error) from None
+    def export(self, tenant: str | None, **kwargs: Any) -> AsyncIterator[bytes]:
+        return self.stream_bytes("/export", {"tenant": tenant, **kwargs})
 
     async def delete(self, tenant, *, requested_by, reason, **selector) -> list[str]:
         body = {"tenant": tenant, "requested_by": requested_by, "reason": reason, **selector}
@@ -220,7 +191,3 @@ class HttpProxyClient:
 
     async def session_cost(self, session_id, tenant) -> dict[str, Any]:
         return await self._call("/session_cost", {"session_id": session_id, "tenant": tenant})
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()

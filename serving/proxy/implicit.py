@@ -63,9 +63,6 @@ class ImplicitSessions:
             self._keys.setdefault(tenant, {})[key] = session_id
             self.touch(session_id)
 
-    def is_implicit(self, session_id: str) -> bool:
-        return session_id in self._used
-
     def idle(self, now: float | None = None) -> list[str]:
         """Sessions without a call for `idle_s` seconds."""
         now = time.monotonic() if now is None else now

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-
-import aiohttp
 
 from atdp_io import (
     DecodingParams,
@@ -38,8 +35,8 @@ from atdp_io import (
     ReplayClass,
 )
 from serving.common import ids
+from serving.common.client import ServiceClient
 from serving.common.errors import ApiError, bad_request
-from serving.common.http import raise_for_api_error
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.proxy.conversation import canonical, new_messages
 from serving.proxy.prefix import conversation_keys, echoed_reply
@@ -55,22 +52,20 @@ from serving.proxy.runner import CallContext
 from serving.worker.client import WorkerUnavailable
 
 
-class UpstreamClient:
-    """The upstream server's `/v1` API (`url` is its base, e.g. http://host:8000/v1)."""
+class UpstreamClient(ServiceClient):
+    """The upstream server's `/v1` API (`url` is its base, e.g. http://host:8000/v1); a
+    completion, streamed or not, may take `timeout_s`."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0):
-        self.url = url.rstrip("/")
-        self.name = self.url
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10.0)
-        self._session: aiohttp.ClientSession | None = None
+        super().__init__(
+            url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            connect_timeout_s=10.0,
+            stream_timeout_s=timeout_s,
+        )
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._headers)
-        return self._session
-
-    def _unavailable(self, error: BaseException) -> ApiError:
+    def unavailable(self, error: BaseException) -> Exception:
         return ApiError(
             502,
             f"the upstream {self.url} failed: {type(error).__name__}: {error}",
@@ -78,52 +73,21 @@ class UpstreamClient:
         )
 
     async def models(self) -> list[dict[str, Any]]:
+        """The upstream's models; one it cannot list is an unavailable worker to the router."""
         try:
-            async with self._http().get(f"{self.url}/models", timeout=self._timeout) as r:
-                await raise_for_api_error(r)
-                return (await r.json())["data"]
-        except (TimeoutError, aiohttp.ClientError, KeyError) as error:
+            return (await self.call("GET", "/models"))["data"]
+        except (ApiError, KeyError, TypeError) as error:
             raise WorkerUnavailable(f"upstream {self.url}: {error}") from None
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            async with self._http().post(
-                f"{self.url}/chat/completions", json=body, timeout=self._timeout
-            ) as r:
-                await raise_for_api_error(r)
-                return await r.json()
-        except (TimeoutError, aiohttp.ClientError) as error:
-            raise self._unavailable(error) from None
+        return await self.call("POST", "/chat/completions", body)
 
     async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The `data:` objects of a streamed chat completion, until `[DONE]`."""
-        try:
-            async with self._http().post(
-                f"{self.url}/chat/completions", json=body, timeout=self._timeout
-            ) as r:
-                await raise_for_api_error(r)
-                buffer = b""
-                async for data in r.content.iter_any():
-                    buffer += data
-                    *events, buffer = buffer.split(b"\n\n")
-                    for event in events:
-                        for line in event.split(b"\n"):
-                            if not line.startswith(b"data:"):
-                                continue
-                            payload = line[5:].strip()
-                            if payload == b"[DONE]":
-                                return
-                            chunk = json.loads(payload)
-                            if "error" in chunk:
-                                raise ApiError.from_json(502, chunk)
-                            yield chunk
-        except (TimeoutError, aiohttp.ClientError) as error:
-            raise self._unavailable(error) from None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        async for chunk in self.stream_sse("/chat/completions", body):
+            if "error" in chunk:
+                raise ApiError.from_json(502, chunk)
+            yield chunk
 
 
 class UpstreamWorker:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,7 +50,6 @@ class _WorkerHealth:
     failures: int = 0
     reported_load: int = 0
     placed_since_poll: int = 0
-    last_seen: float = 0.0
     status: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -183,7 +181,6 @@ class Router:
                 self._models[name]["policy_version"] = status.get("policy_version")
             health.reported_load = int(status.get("running", 0)) + int(status.get("queued", 0))
             health.placed_since_poll = 0
-            health.last_seen = time.time()
             self._mark(name, alive=True)
 
         await asyncio.gather(*(poll(n, c) for n, c in self.workers.items()))

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-import aiohttp
-
-from serving.common.http import json_lines, raise_for_api_error, service_headers
+from serving.common.client import ServiceClient
 from serving.worker.generation import GenerationEvent, GenerationRequest, event_from_json
 from serving.worker.service import Worker
 
@@ -84,59 +82,34 @@ class LocalWorkerClient:
         return None
 
 
-class HttpWorkerClient:
+class HttpWorkerClient(ServiceClient):
     """A worker behind its HTTP API at `url` (e.g. http://127.0.0.1:8101)."""
 
     def __init__(self, url: str, *, service_key: str | None = None, timeout_s: float = 10.0):
-        self.name = url.rstrip("/")
-        self.url = self.name
-        self._headers = service_headers(service_key)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        # No total timeout on generation: the worker ends it itself at its request timeout.
+        super().__init__(url, api_key=service_key, timeout_s=timeout_s)
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=512)
-            self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
-        return self._session
+    def unavailable(self, error: BaseException) -> Exception:
+        return WorkerUnavailable(f"worker {self.url}: {type(error).__name__}: {error}")
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        # No total timeout: the worker ends the generation itself at its request timeout.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
-        try:
-            async with self._http().post(
-                f"{self.url}/generate", json=request.to_json(), timeout=timeout
-            ) as response:
-                await raise_for_api_error(response)
-                async for line in json_lines(response):
-                    yield event_from_json(line)
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
-            raise WorkerUnavailable(f"worker {self.url}: {type(error).__name__}: {error}") from None
-
-    async def _call(self, method: str, path: str, body: dict | None = None, timeout=None) -> Any:
-        try:
-            async with self._http().request(
-                method, f"{self.url}{path}", json=body, timeout=timeout or self._timeout
-            ) as response:
-                await raise_for_api_error(response)
-                return await response.json()
-        except (TimeoutError, aiohttp.ClientConnectionError) as error:
-            raise WorkerUnavailable(f"worker {self.url}: {type(error).__name__}: {error}") from None
+        async for line in self.stream_json_lines("/generate", request.to_json()):
+            yield event_from_json(line)
 
     async def status(self) -> dict[str, Any]:
-        return await self._call("GET", "/status")
+        return await self.call("GET", "/status")
 
     async def info(self) -> dict[str, Any]:
-        return await self._call("GET", "/info")
+        return await self.call("GET", "/info")
 
     async def tokenizer(self) -> dict[str, Any]:
-        return await self._call("GET", "/tokenizer")
+        return await self.call("GET", "/tokenizer")
 
     async def pause(self) -> dict[str, Any]:
-        return await self._call("POST", "/admin/pause")
+        return await self.call("POST", "/admin/pause")
 
     async def resume(self) -> dict[str, Any]:
-        return await self._call("POST", "/admin/continue")
+        return await self.call("POST", "/admin/continue")
 
     async def update_weights(
         self, version: int | None, *, path: str | None = None, params: Any = None
@@ -147,11 +120,5 @@ class HttpWorkerClient:
             raise ValueError("update_weights needs a checkpoint path")
         body = {"path": path, "version": version}
         # Loading a large checkpoint takes a while; the swap itself is between two dispatches.
-        answer = await self._call(
-            "POST", "/admin/update_weights", body, timeout=aiohttp.ClientTimeout(total=3600)
-        )
+        answer = await self.call("POST", "/admin/update_weights", body, timeout_s=3600)
         return int(answer["policy_version"])
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()

@@ -264,3 +264,22 @@ def test_split_known_takes_only_the_named_keys():
     assert rest == ["--config", "x"]
     with pytest.raises(ConfigError, match="--process_id needs a value"):
         split_known(["--process_id"], ["process_id"])
+
+
+@dataclasses.dataclass
+class WithOptionalPart:
+    """
+    Attributes:
+      optim: an optimiser, or none for the default one.
+    """
+
+    optim: Optim | None = None
+
+
+def test_an_optional_nested_config_is_built_from_one_of_its_fields():
+    assert parse_cli([], WithOptionalPart).optim is None
+    built = parse_cli(["--optim.lr", "0.5"], WithOptionalPart).optim
+    assert built == Optim(lr=0.5)  # the rest from Optim's defaults
+    assert parse_cli(["optim.lr=0.5", "optim=none"], WithOptionalPart).optim is None
+    with pytest.raises(ConfigError, match=r"Did you mean 'optim\.lr'"):
+        parse_cli(["optim.lrr=1"], WithOptionalPart, exit_on_error=False)
