@@ -37,6 +37,13 @@ _BARE_PATH = re.compile(
     r"(?<![\w./-])((?:docs/[\w.-]+\.md|(?:experiments|benchmarks)/README\.md)(?:#[\w-]+)?)"
 )
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+# A file of the repository named by its path (`sao_jax/train/config.py`); a glob
+# (`test_rollout_*.py`) or a metric name (`serving/requests`) has no extension right after.
+_CODE_PATH = re.compile(
+    r"(?<![\w./-])((?:sao_jax|atdp_io|serving|experiments|benchmarks|tests|examples|devtools)"
+    r"/[\w/.-]*\.(?:py|md|toml|json|ya?ml|sh))(?![\w*-])"
+)
+_PYTHON_M = re.compile(r"python3? -m ([\w.]+)")
 # Spelled in pieces so this module does not match its own check.
 _FORBIDDEN = ("../" + "shared", "shared" + "/docs")
 
@@ -109,6 +116,27 @@ def local_references(path: Path) -> list[tuple[int, str, Path]]:
     return found
 
 
+def code_references(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of every repository file path and `python -m` module the file names that
+    does not exist."""
+    missing = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for match in _CODE_PATH.finditer(line):
+            if not (ROOT / match.group(1)).is_file():
+                missing.append((number, match.group(1)))
+        for match in _PYTHON_M.finditer(line):
+            module = match.group(1)
+            if module.split(".")[0] not in _LOCAL_PACKAGES:
+                continue  # pip, pytest, venv: not ours
+            base = ROOT.joinpath(*module.split("."))
+            if not (base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()):
+                missing.append((number, f"python -m {module}"))
+    return missing
+
+
+_LOCAL_PACKAGES = ("sao_jax", "atdp_io", "serving", "experiments", "benchmarks", "examples")
+
+
 def test_doc_files_exist():
     missing = [str(path.relative_to(ROOT)) for path in DOC_FILES if not path.exists()]
     assert not missing
@@ -124,6 +152,15 @@ def test_local_links_resolve(doc: Path):
         if problem:
             broken.append(f"{doc.relative_to(ROOT)}:{number}: {problem}")
     assert not broken, "broken local links:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_named_files_and_modules_exist(doc: Path):
+    """Code moves; a guide that names a file or a `python -m` module must follow it."""
+    missing = [f"{doc.relative_to(ROOT)}:{n}: {what}" for n, what in code_references(doc)]
+    assert not missing, "files or modules named in the docs that do not exist:\n" + "\n".join(
+        missing
+    )
 
 
 def _repository_files() -> list[Path]:
@@ -202,6 +239,19 @@ def test_forbidden_mentions_are_found(tmp_path):
     good = _write(tmp_path / "good.md", "see docs/algorithms.md\n")
     found = forbidden_mentions([bad, also_bad, good])
     assert [line.split(":")[-2] for line in found] == ["2", "1"]
+
+
+def test_code_reference_checker(tmp_path):
+    doc = _write(
+        tmp_path / "d.md",
+        "`sao_jax/train/config.py` `sao_jax/train/nowhere.py` `tests/x/test_a_*.py`\n"
+        "metric `serving/requests`; python -m experiments.alfworld_sao; python -m serving\n"
+        "python -m experiments.gone and python -m pip install\n",
+    )
+    assert [what for _, what in code_references(doc)] == [
+        "sao_jax/train/nowhere.py",
+        "python -m experiments.gone",
+    ]
 
 
 def _write(path: Path, text: str) -> Path:
