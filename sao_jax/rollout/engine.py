@@ -4,7 +4,7 @@ Each worker (a thread here, a host on a pod) owns a `Sampler` and a batch of env
 the latest published weights (synced between decode dispatches), and writes every finished
 episode group to the ATDP buffer; the learner reads that buffer through `atdp_io.loader`.
 
-Staleness control (AReaL, algorithms.md section 4), with eta = `max_staleness`, B =
+Staleness control (AReaL; docs/algorithms.md, "Staleness"), with eta = `max_staleness`, B =
 `episodes_per_version` and v = the latest published version:
 - admission (`admission.AdmissionBudget`): a group starts only while the OUTSTANDING episodes
   stay within (eta + 1) * B: started, minus those dropped as stale, minus those the learner

@@ -1,5 +1,5 @@
 """Admission control of the worker, as pure functions: request validation and AReaL's
-staleness capacity (docs algorithms.md section 4).
+staleness capacity (docs/algorithms.md, "Staleness").
 
     capacity = min(max_concurrent - running,
                    (eta + version + 1) * batch - (accepted + running))
