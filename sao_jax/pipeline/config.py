@@ -180,15 +180,15 @@ class EvalSpec:
 
 @dataclasses.dataclass
 class ExperimentConfig:
-    """One ALFWorld RL run.
+    """One RL job on a text env (`env.name`: ALFWorld by default).
 
     Attributes:
-      out_dir: run directory (default: runs/alfworld_sao/<timestamp>).
+      out_dir: run directory (the command lines default to runs/<experiment>/<timestamp>).
       resume: continue the run in out_dir from its latest checkpoint.
       seed: offsets every seed of the run (model init, games, sampling, data order).
       model: the policy (preset + overrides, or a HF checkpoint).
       rollout: prompts, layout, decoding and rewards of the agent.
-      env: ALFWorld games the agent trains on (split train).
+      env: the env and the tasks the agent trains on (`env.split`; any registered env).
       learner: the RL algorithm and its optimisers.
       warm_start: expert demonstrations and behaviour cloning.
       rl: the online phase: schedule, engine, batches, length.

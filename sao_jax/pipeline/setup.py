@@ -25,8 +25,6 @@ from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.distributed.job import Job, setup_job
 from sao_jax.distributed.mesh import make_global_mesh
 from sao_jax.distributed.resharding import reshard, rollout_shardings
-from sao_jax.envs.alfworld import SPLITS as ALFWORLD_SPLITS
-from sao_jax.envs.alfworld import vocabulary
 from sao_jax.models import Transformer, get_model_config, init_model, load_hf_qwen3_moe
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.lengths import sized_config
@@ -50,10 +48,11 @@ _SAMPLERS: dict[tuple, Sampler] = {}
 
 
 def build_tokenizer(config: ExperimentConfig) -> Tokenizer:
-    """The HF checkpoint's tokenizer, or a word-level one over every ALFWorld text."""
+    """The HF checkpoint's tokenizer, or a word-level one over every text of the env
+    (`TextEnv.vocabulary`)."""
     if config.model.hf_path:
         return load_tokenizer(Path(config.model.hf_path) / "tokenizer.json")
-    return WordTokenizer.from_texts([" ".join(vocabulary())])
+    return WordTokenizer.from_texts([" ".join(config.env.env_class.vocabulary())])
 
 
 def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Transformer:
@@ -283,8 +282,8 @@ class Run:
 
 
 def env_splits(config: ExperimentConfig) -> dict[str, int]:
-    """{split: number of tasks} of the run's env."""
-    return dict(ALFWORLD_SPLITS)
+    """{split: number of tasks} of the run's env (`TextEnv.splits`)."""
+    return dict(config.env.env_class.splits)
 
 
 def evaluation_splits(config: ExperimentConfig) -> tuple[str, ...]:
