@@ -225,3 +225,19 @@ class ExperimentConfig:
     atdp_path: str = ""
     checkpoint_dir: str = ""
     atdp_purge_every_s: float = 600.0
+
+    def __post_init__(self):
+        self.eval_splits  # noqa: B018  (checked here, not after hours of training)
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """The splits evaluation plays, held-out last: `eval.splits`, or every split of the env
+        (`TextEnv.splits`) but the one it trains on."""
+        splits = self.env.env_class.splits
+        chosen = self.eval.splits or tuple(s for s in splits if s != self.env.split)
+        if not chosen or any(s not in splits for s in chosen):
+            raise ValueError(
+                f"eval.splits must name splits of the env {self.env.name!r} ({sorted(splits)}), "
+                f"got {list(chosen)}"
+            )
+        return tuple(chosen)

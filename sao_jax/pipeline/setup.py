@@ -116,7 +116,7 @@ class Run:
             raise ValueError(
                 f"atdp_purge_every_s must be >= 0 seconds, got {config.atdp_purge_every_s!r}"
             )
-        self.eval_splits = evaluation_splits(config)
+        self.eval_splits = config.eval_splits  # held-out last
         self.mesh = self.job.mesh
         # a seq_len left at 0 is sized from expert games of this run's prompts (every process
         # measures the same games, so all agree)
@@ -284,19 +284,6 @@ class Run:
 def env_splits(config: ExperimentConfig) -> dict[str, int]:
     """{split: number of tasks} of the run's env (`TextEnv.splits`)."""
     return dict(config.env.env_class.splits)
-
-
-def evaluation_splits(config: ExperimentConfig) -> tuple[str, ...]:
-    """The splits evaluation plays, held-out last: `eval.splits`, or every split of the env
-    but the one it trains on (checked here, not after hours of training)."""
-    splits = env_splits(config)
-    chosen = config.eval.splits or tuple(s for s in splits if s != config.env.split)
-    unknown = [s for s in chosen if s not in splits]
-    if unknown or not chosen:
-        raise ValueError(
-            f"eval.splits must name splits of the env ({sorted(splits)}), got {list(chosen)}"
-        )
-    return tuple(chosen)
 
 
 def check_process_split(config: ExperimentConfig, processes: int) -> None:
