@@ -72,15 +72,18 @@ class RolloutConfig:
     layout: "windowed" (each turn a fresh prompt with the last `history_length` steps) or
       "concat" (one growing token stream per episode).
     think: ask for `<think>` reasoning before `<action>` (off for small models).
-    memory_line: (windowed) add a line under the task listing the receptacles looked into so
-      far with the task's objects seen in them, from the episode's texts (off: the papers'
-      prompt; see benchmarks/alfworld_experts.py for what it changes).
-    prompt_style: "paper" (the verl-agent / GiGPO / SEED wording) or "compact" (the same facts
-      in ~40% fewer tokens, for a model trained from scratch; `render_prompt`).
-    win_reward, invalid_reply_penalty: reward on the winning step; added on a malformed reply.
-    inadmissible_penalty: added when a well-formed reply's command is not one of the admissible
-      commands the prompt lists ("Nothing happens."); 0 keeps the papers' reward (win and
-      malformed reply only), a small negative value penalises a policy that loops on one.
+    memory_line: (windowed) add the env harness's line of what the episode saw beyond the
+      window, if it has one (ALFWorld: the receptacles looked into so far with the task's
+      objects seen in them, from the episode's texts; off: the papers' prompt; see
+      benchmarks/alfworld_experts.py for what it changes).
+    prompt_style: "paper" (ALFWorld: the verl-agent / GiGPO / SEED wording) or "compact" (the
+      same facts in fewer tokens, for a model trained from scratch).
+    win_reward, invalid_reply_penalty: multiplies the env's reward (1 on the winning step);
+      added on a malformed reply. The env's reward hook (`TextEnv.rewards`) applies them.
+    inadmissible_penalty: added when the env refuses a well-formed reply's command (ALFWorld:
+      not one of the admissible commands the prompt lists, "Nothing happens."); 0 keeps the
+      papers' reward (win and malformed reply only), a small negative value penalises a
+      policy that loops on one.
     max_new_tokens: reply length cap (the stop token counts).
     max_context_tokens: KV-cache positions per slot: a turn's input + `max_new_tokens` must
       fit (the cap of a whole concat episode), so every loader row fits a `seq_len` of this
