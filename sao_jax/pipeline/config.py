@@ -180,15 +180,15 @@ class EvalSpec:
 
 @dataclasses.dataclass
 class ExperimentConfig:
-    """One ALFWorld RL run.
+    """One RL job on a text env (`env.name`: ALFWorld by default).
 
     Attributes:
-      out_dir: run directory (default: runs/alfworld_sao/<timestamp>).
+      out_dir: run directory (the command lines default to runs/<experiment>/<timestamp>).
       resume: continue the run in out_dir from its latest checkpoint.
       seed: offsets every seed of the run (model init, games, sampling, data order).
       model: the policy (preset + overrides, or a HF checkpoint).
       rollout: prompts, layout, decoding and rewards of the agent.
-      env: ALFWorld games the agent trains on (split train).
+      env: the env and the tasks the agent trains on (`env.split`; any registered env).
       learner: the RL algorithm and its optimisers.
       warm_start: expert demonstrations and behaviour cloning.
       rl: the online phase: schedule, engine, batches, length.
@@ -225,3 +225,19 @@ class ExperimentConfig:
     atdp_path: str = ""
     checkpoint_dir: str = ""
     atdp_purge_every_s: float = 600.0
+
+    def __post_init__(self):
+        self.eval_splits  # noqa: B018  (checked here, not after hours of training)
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """The splits evaluation plays, held-out last: `eval.splits`, or every split of the env
+        (`TextEnv.splits`) but the one it trains on."""
+        splits = self.env.env_class.splits
+        chosen = self.eval.splits or tuple(s for s in splits if s != self.env.split)
+        if not chosen or any(s not in splits for s in chosen):
+            raise ValueError(
+                f"eval.splits must name splits of the env {self.env.name!r} ({sorted(splits)}), "
+                f"got {list(chosen)}"
+            )
+        return tuple(chosen)

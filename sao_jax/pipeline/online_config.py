@@ -142,6 +142,11 @@ class OnlineConfig:
     tensorboard: bool = True
 
     def __post_init__(self):
+        if self.env.name != "alfworld":
+            raise ValueError(
+                "env.name must be 'alfworld' online: the agent process "
+                f"(sao_jax.pipeline.online_agent) plays ALFWorld games, got {self.env.name!r}"
+            )
         if self.rollout.layout != "windowed":
             raise ValueError(
                 "rollout.layout must be 'windowed' online: the agent sends each turn's harness "

@@ -13,12 +13,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from atdp_io import DecodingParams, Event, EventKind, LLMCall, Trajectory, lineage
-from sao_jax.envs.alfworld import AlfworldEnv
-from sao_jax.rollout import expert_reply
+from sao_jax.envs import env_from_task_spec
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.tokenizers.chat_template import IM_END
 
-EXPERT_MODEL_ID = "alfworld-expert-relabel"
+EXPERT_MODEL_ID = "{env}-expert-relabel"  # the relabelled calls' model id (then -<expert>)
 
 
 def relabel_with_expert(
@@ -42,13 +41,7 @@ def relabel_with_expert(
     turn could be relabelled.
     """
     task = trajectory.header.task
-    env = AlfworldEnv(
-        task["split"],
-        size=task["size"],
-        phrasing=task["phrasing"],
-        max_steps=task["max_steps"],
-        expert=expert,
-    )
+    env = env_from_task_spec(task, expert=expert)  # the env that played it (`header.task`)
     env.reset(task["index"])
     im_end = tokenizer.token_to_id(IM_END)
     decoding = DecodingParams(
@@ -60,11 +53,13 @@ def relabel_with_expert(
             command = env.expert_action()
             if command is None:
                 break
-            ids = np.asarray([*tokenizer.encode(expert_reply(command, think=think)), im_end])
+            ids = np.asarray(
+                [*tokenizer.encode(env.harness.format_reply(command, think=think)), im_end]
+            )
             if ids.shape[0] > max_new_tokens:
                 break
             call = LLMCall(
-                model_id=f"{EXPERT_MODEL_ID}-{expert}",
+                model_id=f"{EXPERT_MODEL_ID.format(env=env.name)}-{expert}",
                 policy_version=0,
                 input_ids=event.llm.input_ids,
                 output_ids=ids.astype(np.int32),

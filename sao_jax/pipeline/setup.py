@@ -25,8 +25,6 @@ from sao_jax.distributed.host_sync import allgather_json
 from sao_jax.distributed.job import Job, setup_job
 from sao_jax.distributed.mesh import make_global_mesh
 from sao_jax.distributed.resharding import reshard, rollout_shardings
-from sao_jax.envs.alfworld import SPLITS as ALFWORLD_SPLITS
-from sao_jax.envs.alfworld import vocabulary
 from sao_jax.models import Transformer, get_model_config, init_model, load_hf_qwen3_moe
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.lengths import sized_config
@@ -50,10 +48,11 @@ _SAMPLERS: dict[tuple, Sampler] = {}
 
 
 def build_tokenizer(config: ExperimentConfig) -> Tokenizer:
-    """The HF checkpoint's tokenizer, or a word-level one over every ALFWorld text."""
+    """The HF checkpoint's tokenizer, or a word-level one over every text of the env
+    (`TextEnv.vocabulary`)."""
     if config.model.hf_path:
         return load_tokenizer(Path(config.model.hf_path) / "tokenizer.json")
-    return WordTokenizer.from_texts([" ".join(vocabulary())])
+    return WordTokenizer.from_texts([" ".join(config.env.env_class.vocabulary())])
 
 
 def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Transformer:
@@ -117,7 +116,7 @@ class Run:
             raise ValueError(
                 f"atdp_purge_every_s must be >= 0 seconds, got {config.atdp_purge_every_s!r}"
             )
-        self.eval_splits = evaluation_splits(config)
+        self.eval_splits = config.eval_splits  # held-out last
         self.mesh = self.job.mesh
         # a seq_len left at 0 is sized from expert games of this run's prompts (every process
         # measures the same games, so all agree)
@@ -283,21 +282,8 @@ class Run:
 
 
 def env_splits(config: ExperimentConfig) -> dict[str, int]:
-    """{split: number of tasks} of the run's env."""
-    return dict(ALFWORLD_SPLITS)
-
-
-def evaluation_splits(config: ExperimentConfig) -> tuple[str, ...]:
-    """The splits evaluation plays, held-out last: `eval.splits`, or every split of the env
-    but the one it trains on (checked here, not after hours of training)."""
-    splits = env_splits(config)
-    chosen = config.eval.splits or tuple(s for s in splits if s != config.env.split)
-    unknown = [s for s in chosen if s not in splits]
-    if unknown or not chosen:
-        raise ValueError(
-            f"eval.splits must name splits of the env ({sorted(splits)}), got {list(chosen)}"
-        )
-    return tuple(chosen)
+    """{split: number of tasks} of the run's env (`TextEnv.splits`)."""
+    return dict(config.env.env_class.splits)
 
 
 def check_process_split(config: ExperimentConfig, processes: int) -> None:

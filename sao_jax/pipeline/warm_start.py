@@ -1,13 +1,14 @@
-"""The warm start of an ALFWorld run: expert demonstrations, behaviour cloning, DAgger.
+"""The warm start of a job: the env's expert demonstrations, behaviour cloning, DAgger.
 
-A tiny model starts from random weights and never wins by chance, so it first clones the expert.
-ALFWorld's expert reads the true game state, so plain demonstrations never show a wrong room, a
-closed receptacle that holds nothing, or a command that failed; a cloned policy that strays
-there has never seen what to do next and loops. DAgger (Ross et al., 2011) fixes this: the
-cloned policy plays, and each of its turns is written again with the expert's reply to that same
-prompt. Everything goes through ATDP: demonstrations and the policy's episodes are written to the
-run's buffer, each game is replayed from `header.task` with the recorded commands (our engine is
-deterministic), relabelled turns are written back, and cloning reads it all through the loader.
+A tiny model starts from random weights and never wins by chance, so it first clones the env's
+expert (`TextEnv.expert_action`). An expert's demonstrations only show the states the expert
+reaches (ALFWorld's never show a wrong room, a closed receptacle that holds nothing, or a
+command that failed); a cloned policy that strays there has never seen what to do next and
+loops. DAgger (Ross et al., 2011) fixes this: the cloned policy plays, and each of its turns is
+written again with the expert's reply to that same prompt (`relabel`). Everything goes through
+ATDP: demonstrations and the policy's episodes are written to the run's buffer, each task is
+replayed from `header.task` with the recorded actions (a task is a pure function of its split
+and index), relabelled turns are written back, and cloning reads it all through the loader.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from atdp_io.rows import pack_batch
 from atdp_io.trained_on import TrainedOn
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
 from sao_jax.distributed.host_sync import allgather_numbers
-from sao_jax.envs.alfworld import SPLITS
 from sao_jax.metrics import MetricsWriter, ProgressBar
 from sao_jax.pipeline.evaluation import evaluate_policy
 from sao_jax.pipeline.lengths import DEMOS, check_sequence_lengths, stored_demo_lengths
 from sao_jax.pipeline.relabel import relabel_all
-from sao_jax.pipeline.setup import WARM_START_DIR, Run
+from sao_jax.pipeline.setup import WARM_START_DIR, Run, env_splits
 from sao_jax.rollout import collect_expert_demos
 from sao_jax.train import BehaviourCloner
 
@@ -36,9 +36,9 @@ DAGGER = "dagger"
 HELDOUT = "demos-heldout"
 
 
-def heldout_games(num_games: int) -> tuple[range, range]:
-    """(training games, held-out games) of the train split: the last `num_games` are held out."""
-    total = SPLITS["train"]
+def heldout_games(num_games: int, total: int) -> tuple[range, range]:
+    """(training games, held-out games) of a training split of `total` games: the last
+    `num_games` are held out."""
     if not 0 <= num_games < total:
         raise ValueError(f"warm_start.heldout_episodes must be in [0, {total}), got {num_games}")
     return range(total - num_games), range(total - num_games, total)
@@ -67,7 +67,8 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
     if config.model.hf_path or (spec.steps <= 0 and spec.epochs <= 0):
         return
     start = time.perf_counter()
-    train_games, held_games = heldout_games(spec.heldout_episodes)
+    total = env_splits(config)[config.env.split]
+    train_games, held_games = heldout_games(spec.heldout_episodes, total)
     env = dataclasses.replace(config.env, seed=config.env.seed + run.seed_offset())
 
     def collect(tenant: str, episodes: int, prefix: str, games: range) -> dict:

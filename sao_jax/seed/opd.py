@@ -35,6 +35,7 @@ class SeedLearner(Learner):
       tokenizer: the policy's tokenizer (decodes batches, encodes skill blocks).
       max_skill_tokens: S, the fixed skill-block budget of re-scored rows.
       think: replies carry `<think>` blocks (how actions are parsed from replies).
+      env: the env the batches were played in (its harness reads them back, `from_batch`).
       on_skills: called with each iteration's `(records, skills)` (e.g. to write the skill
         bank with `sao_jax.seed.write_skills`).
       critic, mesh, rules: as for `Learner`.
@@ -49,6 +50,7 @@ class SeedLearner(Learner):
         tokenizer: Tokenizer,
         max_skill_tokens: int = 96,
         think: bool = False,
+        env: str = "alfworld",
         on_skills: Callable[[list[EpisodeRecord], list[Skill]], None] | None = None,
         **kwargs,
     ):
@@ -62,6 +64,7 @@ class SeedLearner(Learner):
             raise ValueError(f"max_skill_tokens must be >= 4, got {max_skill_tokens}")
         self.analyzer, self.tokenizer = analyzer, tokenizer
         self.max_skill_tokens, self.think, self.on_skills = max_skill_tokens, think, on_skills
+        self.env = env
         self.last_skills: list[Skill] = []
 
     def iteration(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
@@ -69,7 +72,7 @@ class SeedLearner(Learner):
         if self.in_warmup:  # the policy does not move: no skills needed
             return super().iteration(batch)
         start = time.perf_counter()
-        records = from_batch(batch, self.tokenizer, think=self.think)
+        records = from_batch(batch, self.tokenizer, think=self.think, env=self.env)
         refresh = getattr(self.analyzer, "refresh", None)
         if refresh is not None:
             refresh(self.policy_module(), self.policy_version)

@@ -23,7 +23,16 @@ from sao_jax.envs.arithmetic import (
     make_task,
 )
 from sao_jax.models import init_model
-from sao_jax.rollout import AgentLoop, RolloutConfig, Sampler, collect_expert_demos, evaluate
+from sao_jax.rollout import (
+    AgentLoop,
+    EngineConfig,
+    RolloutConfig,
+    RolloutEngine,
+    Sampler,
+    WeightPublisher,
+    collect_expert_demos,
+    evaluate,
+)
 from sao_jax.seed import from_batch, from_trajectory
 from sao_jax.tokenizers import WordTokenizer
 
@@ -39,9 +48,13 @@ def tokenizer() -> WordTokenizer:
 
 
 @functools.cache
+def model():
+    return init_model(small_moe_config(tokenizer().vocab_size, dense_intermediate_size=64))
+
+
+@functools.cache
 def sampler() -> Sampler:
-    model = init_model(small_moe_config(tokenizer().vocab_size, dense_intermediate_size=64))
-    return Sampler(model, pad_id=tokenizer().pad_id, min_prompt_bucket=256)
+    return Sampler(model(), pad_id=tokenizer().pad_id, min_prompt_bucket=256)
 
 
 def play_expert(env: ArithmeticEnv, index: int) -> tuple[list[str], float, dict]:
@@ -244,3 +257,27 @@ def test_evaluate_reports_success_per_task_type_of_the_env():
     assert all(row["episodes"] == 1 for row in result.by_task_type.values())
     with pytest.raises(ValueError, match="unknown split 'valid' of 'arithmetic'"):
         evaluate(sampler(), tokenizer(), split="valid", env=EnvConfig(name="arithmetic"))
+
+
+def test_the_rollout_engine_writes_arithmetic_episodes(tmp_path):
+    store = open_store(tmp_path / "atdp")
+    with store.writer("arith") as writer:
+        engine = RolloutEngine(
+            model(),
+            tokenizer(),
+            writer,
+            WeightPublisher(),
+            rollout=ROLLOUT,
+            env=EnvConfig(name="arithmetic", max_steps=2),
+            config=EngineConfig(
+                envs_per_worker=4, episodes_per_version=4, asynchronous=False, tenant="arith"
+            ),
+            samplers=[sampler()],
+        )
+        with engine:
+            stats = engine.generate(4)
+    assert stats["episodes"] == 4 and set(stats["by_task_type"]) == set(TASK_TYPES)
+    reader = store.reader("arith", principal="arith")
+    reader.refresh()
+    tasks = [reader.read(i).header.task for i in reader.trajectory_ids()]
+    assert len(tasks) == 4 and {t["env"] for t in tasks} == {"arithmetic"}

@@ -1,6 +1,8 @@
 """`Run` and `Job` on several processes: what they check before anything runs (a fake process
 1 of 2, nothing joined)."""
 
+import dataclasses
+
 import pytest
 
 from experiments import alfworld_sao
@@ -41,11 +43,12 @@ def test_a_job_without_a_multi_process_path_refuses_one_through_its_hook(tmp_pat
     assert not (tmp_path / "out" / "atdp").exists()
 
 
-def test_evaluation_splits_default_to_the_envs_and_unknown_ones_are_refused_first(tmp_path):
-    out = tmp_path / "out"
-    config = alfworld_sao.parse(["--config", "micro", "--out", str(out)])
-    assert pipeline_setup.evaluation_splits(config) == ("valid_seen", "valid_unseen")
-    config = alfworld_sao.parse(["--config", "micro", "--out", str(out), "eval.splits=[nope]"])
+def test_evaluation_splits_default_to_the_envs_and_unknown_ones_are_refused(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    config = alfworld_sao.parse(["--config", "micro", "--out", out])
+    assert config.eval_splits == ("valid_seen", "valid_unseen")  # all but env.split, in order
     with pytest.raises(ValueError, match=r"eval.splits must name splits of the env.*nope"):
-        pipeline_setup.Run(config)
-    assert not (out / "atdp").exists() and not (out / "checkpoints").exists()
+        dataclasses.replace(config, eval=dataclasses.replace(config.eval, splits=("nope",)))
+    with pytest.raises(SystemExit) as exit_info:  # the command line says so before any run
+        alfworld_sao.main(["--config", "micro", "--out", out, "eval.splits=[valid_seen,nope]"])
+    assert exit_info.value.code == 2 and "eval.splits must name splits" in capsys.readouterr().err

@@ -110,11 +110,11 @@ def test_an_epoch_counts_the_batches_the_loader_fills_without_splitting_an_episo
 
 
 def test_held_out_games_are_the_last_of_the_train_split_and_never_demonstrated():
-    train, held = heldout_games(64)
+    train, held = heldout_games(64, SPLITS["train"])
     assert len(held) == 64 and held[-1] == SPLITS["train"] - 1
     assert not set(train) & set(held) and len(train) + len(held) == SPLITS["train"]
     with pytest.raises(ValueError, match="heldout_episodes"):
-        heldout_games(SPLITS["train"])
+        heldout_games(SPLITS["train"], SPLITS["train"])
 
 
 def test_relabelled_episodes_are_derived_data_of_the_episode(demos):
