@@ -1,7 +1,8 @@
 """Environments agents act in (text games); each returns text observations and rewards.
 
 `base` is the protocol every env implements (`TextEnv`, `PromptHarness`); `registry` builds
-any registered env from an `EnvConfig`. Built-in: `alfworld`, `arithmetic`.
+any registered env from an `EnvConfig`; `PromptedEnv` speaks to one in prompts and replies.
+Built-in: `alfworld`, `arithmetic`.
 """
 
 from sao_jax.envs.base import (
@@ -13,6 +14,7 @@ from sao_jax.envs.base import (
     TextEnv,
     parse_reply,
 )
+from sao_jax.envs.prompted import HarnessConfig, PromptedEnv
 from sao_jax.envs.registry import (
     EnvConfig,
     env_class,
@@ -23,9 +25,11 @@ from sao_jax.envs.registry import (
 
 __all__ = [
     "EnvConfig",
+    "HarnessConfig",
     "ParsedReply",
     "PromptHarness",
     "PromptOptions",
+    "PromptedEnv",
     "RewardWeights",
     "TaskSampler",
     "TextEnv",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from atdp_io import EventKind
-from sao_jax.envs import EnvConfig, env_from_task_spec
+from sao_jax.envs import EnvConfig, HarnessConfig, PromptedEnv, env_from_task_spec
 from sao_jax.envs.arithmetic import (
     SPLITS,
     TASK_TYPES,
@@ -180,6 +180,31 @@ def test_config_registry_and_task_spec_rebuild_the_env():
     )
     assert isinstance(env, ArithmeticEnv) and env.max_steps == 2
     assert env.reset(4)[1]["task"] == make_task("valid_unseen", 4).text
+
+
+def test_prompted_env_speaks_in_prompts_and_replies():
+    env = PromptedEnv(ArithmeticEnv("train", max_steps=4), HarnessConfig(think=False))
+    prompt, info = env.reset(3)
+    task = make_task("train", 3)
+    assert f"Task: {task.text}" in prompt and "Current observation: The calculator" in prompt
+    assert prompt.endswith("Give one action within <action> </action> tags.")
+    prompt, reward, done, info = env.step("no tags here")
+    assert (reward, done, info["invalid_replies"]) == (-0.1, False, 1)
+    assert info["reply"].error == "no <action>...</action> block"
+    prompt, reward, done, info = env.step(f"<action>calc {task.expression}</action>")
+    assert reward == 0.0 and f"= {task.answer}" in prompt
+    assert f"Action: calc {task.expression}" in prompt  # the history window shows it
+    prompt, reward, done, info = env.step(f"<action>answer {task.answer}</action>")
+    assert (reward, done, info["won"]) == (10.0, True, True)
+    assert [action for _, action in info["history"]] == [
+        "",
+        f"calc {task.expression}",
+        f"answer {task.answer}",
+    ]
+    with pytest.raises(ValueError, match="'arithmetic' prompts have no memory line"):
+        PromptedEnv(ArithmeticEnv(), HarnessConfig(memory_line=True))
+    with pytest.raises(TypeError, match="needs a TextEnv"):
+        PromptedEnv(object())
 
 
 def _episodes(config: RolloutConfig, num: int = 6):

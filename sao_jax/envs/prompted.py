@@ -1,0 +1,99 @@
+"""Any `TextEnv` spoken to in prompts and model replies (a served agent, an online loop).
+
+`PromptedEnv.reset()` returns the first prompt (the env harness's text, no chat markers);
+`step(reply)` parses the reply, steps the env with its action (an empty one for a malformed
+reply: it still costs a step) and returns the next prompt and the turn's reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sao_jax.envs.base import ParsedReply, PromptOptions, RewardWeights, TextEnv
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessConfig:
+    """Prompt and reward settings (papers: h=2, 10 x won, -0.1 per malformed reply).
+
+    memory_line: add the harness's line of what the episode has seen beyond the window
+      (ALFWorld: `search_expert.memory_line`, receptacles looked into with the task's objects).
+    prompt_style: "paper" or "compact" (the harness's two wordings).
+    inadmissible_penalty: added when the env refuses a well-formed action (0: the papers').
+    """
+
+    history_length: int = 2
+    think: bool = True
+    memory_line: bool = False
+    prompt_style: str = "paper"
+    win_reward: float = 10.0
+    invalid_reply_penalty: float = -0.1
+    inadmissible_penalty: float = 0.0
+
+    @property
+    def options(self) -> PromptOptions:
+        return PromptOptions(self.history_length, self.think, self.memory_line, self.prompt_style)
+
+    @property
+    def weights(self) -> RewardWeights:
+        return RewardWeights(self.win_reward, self.invalid_reply_penalty, self.inadmissible_penalty)
+
+
+class PromptedEnv:
+    """A `TextEnv` spoken to in prompts and model replies, through its class's harness.
+
+    reset(index) -> (prompt, info); step(reply) -> (prompt, reward, done, info); the reward is
+    the env's reward hook (`TextEnv.rewards`) under the config's weights. Info adds `reply`
+    (the ParsedReply), `invalid_replies` (count this episode) and `history` (every
+    (observation, action) pair so far).
+    """
+
+    def __init__(self, env: TextEnv, config: HarnessConfig = HarnessConfig()):
+        if not isinstance(env, TextEnv):
+            raise TypeError(f"PromptedEnv needs a TextEnv, got {type(env).__name__}")
+        self.env, self.config = env, config
+        self.harness = type(env).harness
+        self.harness.check_options(config.options)
+        self.history: list[tuple[str, str]] = []
+        self.invalid_replies = 0
+        self._observation, self._info = "", {}
+
+    def reset(self, index: int | None = None) -> tuple[str, dict]:
+        self._observation, self._info = self.env.reset(index)
+        self.history, self.invalid_replies = [], 0
+        return self.prompt(), self._with_harness_info(self._info, None)
+
+    def prompt(self) -> str:
+        """The prompt for the current turn."""
+        info = self._info
+        return self.harness.prompt(
+            info["task"],
+            self._observation,
+            info["admissible_commands"],
+            self.history,
+            self.config.options,
+        )
+
+    def step(self, reply: str) -> tuple[str, float, bool, dict]:
+        parsed = self.harness.parse_reply(reply, think=self.config.think)
+        command = parsed.action if parsed.valid else ""
+        self.invalid_replies += not parsed.valid
+        self.history.append((self._observation, command))
+        self._observation, env_reward, done, self._info = self.env.step(command)
+        reward = sum(
+            self.env.rewards(
+                env_reward,
+                valid_reply=parsed.valid,
+                admissible=bool(self._info["admissible"]),
+                weights=self.config.weights,
+            )
+        )
+        return self.prompt(), reward, done, self._with_harness_info(self._info, parsed)
+
+    def _with_harness_info(self, info: dict, parsed: ParsedReply | None) -> dict:
+        return {
+            **info,
+            "reply": parsed,
+            "invalid_replies": self.invalid_replies,
+            "history": list(self.history),
+        }
