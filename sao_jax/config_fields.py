@@ -297,13 +297,15 @@ def set_value(node: Any, key: str, value: Any, config: Any, spelled: str) -> Any
         raise ConfigError(f"{spelled}: {key} expects {kind}; {message}") from error
 
 
-def build(node: Any, what: str) -> Any:
-    """The dataclass instance of `node` (its `__post_init__` checks run here)."""
+def build(node: Any, what: str, config: Any) -> Any:
+    """The dataclass instance of `node`, a node of `config` (its `__post_init__` checks run
+    here; a required field left unset is named as it is set)."""
     try:
         return OmegaConf.to_object(node)
     except MissingMandatoryValue as error:
-        key = getattr(error, "full_key", "") or str(error)
-        raise ConfigError(f"{what}: {key} is required (give --{key} VALUE)") from error
+        key = str(getattr(error, "full_key", "") or error)
+        name = next((row.name for row in leaves(config) if row.key == key), key)
+        raise ConfigError(f"{what}: {name} is required (give --{name} VALUE)") from error
     except (ValueError, TypeError) as error:  # a dataclass __post_init__ refused the values
         raise ConfigError(f"{what}: {error}") from error
 
@@ -322,7 +324,7 @@ def apply_overrides(config: C, overrides: Sequence[str]) -> C:
         node = set_value(
             node, found[0], parse_value(text, found[1]), config, f"override {override!r}"
         )
-    return build(node, f"overrides {list(overrides)}")
+    return build(node, f"overrides {list(overrides)}", config)
 
 
 # -- files ------------------------------------------------------------------------------------
