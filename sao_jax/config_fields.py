@@ -154,7 +154,8 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
     """Every leaf field of a dataclass instance or class, nested dataclasses flattened.
 
     A nested config whose field has `metadata={"flatten": True}` also answers to its own
-    field names (`--num-slots` for `worker.num_slots`); a field that the outer config also has
+    field names in the place of its own (`--num-slots` for `worker.num_slots`,
+    `model.d_model` for `model.config.d_model`); a field that the outer config also has
     is left out (the outer one is the setting, the outer config passes it on), and so are the
     names in `metadata["hide"]` (fields that mean nothing there).
     """
@@ -178,7 +179,10 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
             value = base if value is None else value
         if dataclasses.is_dataclass(value):
             flat = field.metadata.get("flatten", False)
-            inner_short = "" if flat else (name + "." if short is not None else None)
+            if flat:  # its fields sit where it sits: `model.d_model` for model.config.d_model
+                inner_short = name.removesuffix(field.name)
+            else:
+                inner_short = name + "." if short is not None else None
             inner_prefix = prefix + field.name + "."
             inner = leaves(value, inner_prefix, inner_short)
             hidden = set(field.metadata.get("hide", ()))
