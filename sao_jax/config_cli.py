@@ -204,7 +204,7 @@ def _apply(config: Any, pairs: Sequence[tuple[str, Any, str]], what: str) -> Any
             value = [*seen[key], *value]
         seen[key] = value
         node = set_value(node, key, value, config, spelled)
-    return build(node, what)
+    return build(node, what, config)
 
 
 def split_known(argv: Sequence[str], keys: Sequence[str]) -> tuple[list[str], list[str]]:

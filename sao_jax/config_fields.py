@@ -154,7 +154,8 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
     """Every leaf field of a dataclass instance or class, nested dataclasses flattened.
 
     A nested config whose field has `metadata={"flatten": True}` also answers to its own
-    field names (`--num-slots` for `worker.num_slots`); a field that the outer config also has
+    field names in the place of its own (`--num-slots` for `worker.num_slots`,
+    `model.d_model` for `model.config.d_model`); a field that the outer config also has
     is left out (the outer one is the setting, the outer config passes it on), and so are the
     names in `metadata["hide"]` (fields that mean nothing there).
     """
@@ -178,7 +179,10 @@ def leaves(config: Any, prefix: str = "", short: str | None = None) -> list[Leaf
             value = base if value is None else value
         if dataclasses.is_dataclass(value):
             flat = field.metadata.get("flatten", False)
-            inner_short = "" if flat else (name + "." if short is not None else None)
+            if flat:  # its fields sit where it sits: `model.d_model` for model.config.d_model
+                inner_short = name.removesuffix(field.name)
+            else:
+                inner_short = name + "." if short is not None else None
             inner_prefix = prefix + field.name + "."
             inner = leaves(value, inner_prefix, inner_short)
             hidden = set(field.metadata.get("hide", ()))
@@ -297,13 +301,15 @@ def set_value(node: Any, key: str, value: Any, config: Any, spelled: str) -> Any
         raise ConfigError(f"{spelled}: {key} expects {kind}; {message}") from error
 
 
-def build(node: Any, what: str) -> Any:
-    """The dataclass instance of `node` (its `__post_init__` checks run here)."""
+def build(node: Any, what: str, config: Any) -> Any:
+    """The dataclass instance of `node`, a node of `config` (its `__post_init__` checks run
+    here; a required field left unset is named as it is set)."""
     try:
         return OmegaConf.to_object(node)
     except MissingMandatoryValue as error:
-        key = getattr(error, "full_key", "") or str(error)
-        raise ConfigError(f"{what}: {key} is required (give --{key} VALUE)") from error
+        key = str(getattr(error, "full_key", "") or error)
+        name = next((row.name for row in leaves(config) if row.key == key), key)
+        raise ConfigError(f"{what}: {name} is required (give --{name} VALUE)") from error
     except (ValueError, TypeError) as error:  # a dataclass __post_init__ refused the values
         raise ConfigError(f"{what}: {error}") from error
 
@@ -322,7 +328,7 @@ def apply_overrides(config: C, overrides: Sequence[str]) -> C:
         node = set_value(
             node, found[0], parse_value(text, found[1]), config, f"override {override!r}"
         )
-    return build(node, f"overrides {list(overrides)}")
+    return build(node, f"overrides {list(overrides)}", config)
 
 
 # -- files ------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ Exit status 1: `--max-consecutive-errors` calls failed in a row (the stats name 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -33,6 +32,7 @@ from typing import Any
 
 import openai
 
+from sao_jax.config_cli import parse_cli
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.envs.alfworld.env import GameSampler
 from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
@@ -316,29 +316,32 @@ def _watch_parent(agent: Agent, parent: int) -> None:
             agent.stop.set()
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, argparse.Namespace]:
-    """Flags generated from `AgentConfig` (+ --log, --stats); bad values exit 2 naming them."""
-    parser = argparse.ArgumentParser(prog="python -m sao_jax.pipeline.online_agent", description=(
-        __doc__ or "").split("\n")[0])  # fmt: skip
-    for field in dataclasses.fields(AgentConfig):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
-        else:
-            kind = {"int": int, "float": float}.get(field.type, str)
-            required = field.default is dataclasses.MISSING
-            default = None if required else field.default
-            parser.add_argument(flag, type=kind, default=default, required=required)
-    parser.add_argument("--log", type=Path, help="append one JSON line per finished game")
-    parser.add_argument("--stats", type=Path, help="write the final counters here (JSON)")
-    args = parser.parse_args(argv)
-    try:
-        config = AgentConfig(
-            **{f.name: getattr(args, f.name) for f in dataclasses.fields(AgentConfig)}
-        )
-    except ValueError as error:
-        parser.error(str(error))
-    return config, args
+@dataclasses.dataclass
+class AgentCommand:
+    """The agent process's command line: `AgentConfig`'s fields by their own names, and where
+    it reports.
+
+    Attributes:
+      agent: what the agent plays and how it decodes.
+      log: append one JSON line per finished game.
+      stats: write the final counters here (JSON).
+    """
+
+    agent: AgentConfig = dataclasses.field(metadata={"flatten": True})
+    log: Path | None = None
+    stats: Path | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, AgentCommand]:
+    """The agent's config and command line (`sao_jax.config_cli`); bad values exit 2 naming
+    them."""
+    command = parse_cli(
+        argv,
+        AgentCommand,
+        prog="python -m sao_jax.pipeline.online_agent",
+        description=(__doc__ or "").split("\n")[0],
+    )
+    return command.agent, command
 
 
 def main(argv: list[str] | None = None) -> int:

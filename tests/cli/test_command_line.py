@@ -291,3 +291,28 @@ def test_an_optional_nested_config_is_built_from_one_of_its_fields():
     assert parse_cli(["optim.lr=0.5", "optim=none"], WithOptionalPart).optim is None
     with pytest.raises(ConfigError, match=r"Did you mean 'optim\.lr'"):
         parse_cli(["optim.lrr=1"], WithOptionalPart, exit_on_error=False)
+
+
+@dataclasses.dataclass
+class Spec:
+    """
+    Attributes:
+      path: where from.
+      optim: its settings, spelled as the spec's own (`spec.lr`).
+    """
+
+    path: str = ""
+    optim: Optim = dataclasses.field(default_factory=Optim, metadata={"flatten": True})
+
+
+@dataclasses.dataclass
+class Experiment:
+    spec: Spec = dataclasses.field(default_factory=Spec)
+
+
+def test_a_flattened_config_inside_a_nested_one_keeps_the_outer_prefix(capsys):
+    config = parse_cli(["spec.lr=0.5", "--spec.betas", "0.1,0.2"], Experiment)
+    assert config.spec.optim == Optim(lr=0.5, betas=(0.1, 0.2))
+    assert parse_cli(["spec.optim.lr=0.25"], Experiment).spec.optim.lr == 0.25
+    fields = list(help_rows(printed_help(capsys, parse_cli, ["--help"], Experiment)))
+    assert fields[fields.index("field") + 1 :] == ["spec.path", "spec.lr", "spec.betas"]
