@@ -19,7 +19,7 @@ from sao_jax.envs import EnvConfig
 from sao_jax.pipeline import cli
 from sao_jax.pipeline.config import EvalSpec, ExperimentConfig, ModelSpec, RLSpec, WarmStartSpec
 from sao_jax.rollout import RolloutConfig
-from sao_jax.train import LearnerConfig, OptimizerConfig
+from sao_jax.train import CriticConfig, LearnerConfig, OptimizerConfig
 
 PROG, TITLE = "python -m experiments.arithmetic_sao", __doc__.split("\n")[0]
 
@@ -35,7 +35,7 @@ def tiny() -> ExperimentConfig:
         learner=LearnerConfig(
             policy_optimizer=OptimizerConfig(learning_rate=1e-4),
             critic_optimizer=OptimizerConfig(learning_rate=1e-3),
-            critic_warmup_steps=4,
+            critic=CriticConfig(warmup_steps=4),
         ),
         warm_start=WarmStartSpec(demo_episodes=512, heldout_episodes=32, steps=300, rows=32,
                                  seq_len=0),
@@ -54,7 +54,9 @@ def micro() -> ExperimentConfig:
     return dataclasses.replace(
         config,
         model=dataclasses.replace(config.model, d_model=32, head_dim=8, moe_intermediate_size=32),
-        learner=dataclasses.replace(config.learner, critic_warmup_steps=1),
+        learner=dataclasses.replace(
+            config.learner, critic=dataclasses.replace(config.learner.critic, warmup_steps=1)
+        ),
         warm_start=dataclasses.replace(
             config.warm_start, demo_episodes=8, heldout_episodes=4, steps=2, rows=16,
             dagger_rounds=1, dagger_episodes=2, dagger_steps=1,
