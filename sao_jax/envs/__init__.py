@@ -14,7 +14,7 @@ from sao_jax.envs.base import (
     TextEnv,
     parse_reply,
 )
-from sao_jax.envs.prompted import HarnessConfig, PromptedEnv
+from sao_jax.envs.prompted import PromptedEnv
 from sao_jax.envs.registry import (
     EnvConfig,
     env_class,
@@ -25,7 +25,6 @@ from sao_jax.envs.registry import (
 
 __all__ = [
     "EnvConfig",
-    "HarnessConfig",
     "ParsedReply",
     "PromptHarness",
     "PromptOptions",

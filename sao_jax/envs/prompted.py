@@ -7,53 +7,31 @@ reply: it still costs a step) and returns the next prompt and the turn's reward.
 
 from __future__ import annotations
 
-import dataclasses
-
 from sao_jax.envs.base import ParsedReply, PromptOptions, RewardWeights, TextEnv
-
-
-@dataclasses.dataclass(frozen=True)
-class HarnessConfig:
-    """Prompt and reward settings (papers: h=2, 10 x won, -0.1 per malformed reply).
-
-    memory_line: add the harness's line of what the episode has seen beyond the window
-      (ALFWorld: `search_expert.memory_line`, receptacles looked into with the task's objects).
-    prompt_style: "paper" or "compact" (the harness's two wordings).
-    inadmissible_penalty: added when the env refuses a well-formed action (0: the papers').
-    """
-
-    history_length: int = 2
-    think: bool = True
-    memory_line: bool = False
-    prompt_style: str = "paper"
-    win_reward: float = 10.0
-    invalid_reply_penalty: float = -0.1
-    inadmissible_penalty: float = 0.0
-
-    @property
-    def options(self) -> PromptOptions:
-        return PromptOptions(self.history_length, self.think, self.memory_line, self.prompt_style)
-
-    @property
-    def weights(self) -> RewardWeights:
-        return RewardWeights(self.win_reward, self.invalid_reply_penalty, self.inadmissible_penalty)
 
 
 class PromptedEnv:
     """A `TextEnv` spoken to in prompts and model replies, through its class's harness.
 
     reset(index) -> (prompt, info); step(reply) -> (prompt, reward, done, info); the reward is
-    the env's reward hook (`TextEnv.rewards`) under the config's weights. Info adds `reply`
-    (the ParsedReply), `invalid_replies` (count this episode) and `history` (every
-    (observation, action) pair so far).
+    the env's reward hook (`TextEnv.rewards`) under `weights`. Info adds `reply` (the
+    ParsedReply), `invalid_replies` (count this episode) and `history` (every
+    (observation, action) pair so far). options: how prompts are written (h, think, memory
+    line, style; `PromptOptions`).
     """
 
-    def __init__(self, env: TextEnv, config: HarnessConfig = HarnessConfig()):
+    def __init__(
+        self,
+        env: TextEnv,
+        options: PromptOptions | None = None,
+        weights: RewardWeights | None = None,
+    ):
         if not isinstance(env, TextEnv):
             raise TypeError(f"PromptedEnv needs a TextEnv, got {type(env).__name__}")
-        self.env, self.config = env, config
+        self.env = env
+        self.options, self.weights = options or PromptOptions(), weights or RewardWeights()
         self.harness = type(env).harness
-        self.harness.check_options(config.options)
+        self.harness.check_options(self.options)
         self.history: list[tuple[str, str]] = []
         self.invalid_replies = 0
         self._observation, self._info = "", {}
@@ -71,11 +49,11 @@ class PromptedEnv:
             self._observation,
             info["admissible_commands"],
             self.history,
-            self.config.options,
+            self.options,
         )
 
     def step(self, reply: str) -> tuple[str, float, bool, dict]:
-        parsed = self.harness.parse_reply(reply, think=self.config.think)
+        parsed = self.harness.parse_reply(reply, think=self.options.think)
         command = parsed.action if parsed.valid else ""
         self.invalid_replies += not parsed.valid
         self.history.append((self._observation, command))
@@ -85,7 +63,7 @@ class PromptedEnv:
                 env_reward,
                 valid_reply=parsed.valid,
                 admissible=bool(self._info["admissible"]),
-                weights=self.config.weights,
+                weights=self.weights,
             )
         )
         return self.prompt(), reward, done, self._with_harness_info(self._info, parsed)

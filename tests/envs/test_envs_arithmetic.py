@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from atdp_io import EventKind
-from sao_jax.envs import EnvConfig, HarnessConfig, PromptedEnv, env_from_task_spec
+from sao_jax.envs import EnvConfig, PromptedEnv, PromptOptions, env_from_task_spec
 from sao_jax.envs.arithmetic import (
     SPLITS,
     TASK_TYPES,
@@ -183,7 +183,7 @@ def test_config_registry_and_task_spec_rebuild_the_env():
 
 
 def test_prompted_env_speaks_in_prompts_and_replies():
-    env = PromptedEnv(ArithmeticEnv("train", max_steps=4), HarnessConfig(think=False))
+    env = PromptedEnv(ArithmeticEnv("train", max_steps=4), PromptOptions(history_length=2))
     prompt, info = env.reset(3)
     task = make_task("train", 3)
     assert f"Task: {task.text}" in prompt and "Current observation: The calculator" in prompt
@@ -202,7 +202,7 @@ def test_prompted_env_speaks_in_prompts_and_replies():
         f"answer {task.answer}",
     ]
     with pytest.raises(ValueError, match="'arithmetic' prompts have no memory line"):
-        PromptedEnv(ArithmeticEnv(), HarnessConfig(memory_line=True))
+        PromptedEnv(ArithmeticEnv(), PromptOptions(memory_line=True))
     with pytest.raises(TypeError, match="needs a TextEnv"):
         PromptedEnv(object())
 
