@@ -7,7 +7,7 @@
 Phases: warm start (behaviour cloning on expert demos, or `warm_start.from_run` of an
 `alfworld_sao` run) -> greedy evaluation -> online RL -> greedy evaluation. Online RL: the
 policy is served by `serving` (gateway, router, data proxy, worker in this process, on a
-loopback port); an ALFWorld agent in a separate process (`sao_jax.pipeline.online_agent`) plays
+loopback port); an agent of `env.name` (ALFWorld) in a separate process (`sao_jax.pipeline.online_agent`) plays
 through the official `openai` client and posts rewards on `/rl`; the data proxy records every
 call into `DIR/atdp` (tenant `agent.tenant`); the SAO learner reads that live buffer with the
 ATDP loader's stream (staleness filtered by policy version) and publishes each update, which

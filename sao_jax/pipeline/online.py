@@ -32,6 +32,7 @@ def agent_config(config: OnlineConfig, url: str) -> AgentConfig:
     rollout, env = config.rollout, config.env
     return AgentConfig(
         url=url,
+        env=env.name,
         tenant=config.agent.tenant,
         concurrency=config.agent.concurrency,
         split=env.split,

@@ -1,9 +1,10 @@
-"""An ALFWorld agent that knows nothing of the learner: it only talks to an OpenAI endpoint.
+"""An agent that knows nothing of the learner: it only talks to an OpenAI endpoint.
 
     SAO_ADMIN_KEY=... python -m sao_jax.pipeline.online_agent --url http://127.0.0.1:8000 \
         --tenant online --concurrency 8 --log agent/episodes.jsonl --stats agent/stats.json
 
-Each of `--concurrency` threads plays ALFWorld games one after another. A game is one gateway
+Each of `--concurrency` threads plays games of `--env` (ALFWorld by default; any registered
+`TextEnv`, spoken to through its harness: `PromptedEnv`) one after another. A game is one gateway
 session (`POST /rl/start_session`, stdlib `GatewayClient`); every turn is one
 `chat.completions.create` call of the official `openai` client with the harness prompt as a
 single user message (the windowed layout the policy was cloned on: the prompt carries the last
@@ -33,9 +34,8 @@ from typing import Any
 import openai
 
 from sao_jax.config_cli import parse_cli
-from sao_jax.envs.alfworld import AlfworldEnv
-from sao_jax.envs.alfworld.env import GameSampler
-from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
+from sao_jax.envs import EnvConfig, TaskSampler
+from sao_jax.envs.prompted import HarnessConfig, PromptedEnv
 from serving.gateway.client import GatewayClient
 
 ADMIN_KEY_ENV = "SAO_ADMIN_KEY"
@@ -50,7 +50,9 @@ class AgentConfig:
       tenant: the tenant whose sessions the agent starts (the learner reads this partition).
       concurrency: games played at once (threads; one session each).
       episodes: stop after this many finished games (0: until stopped).
-      split, size, phrasing, max_steps, seed: ALFWorld games (`AlfworldEnv`); seed orders them.
+      env: the env it plays (a registered `TextEnv`: `sao_jax.envs.EnvConfig.name`).
+      split, size, phrasing, max_steps, seed: its tasks (`EnvConfig`; size and phrasing are
+        ALFWorld's); seed orders them.
       history_length, think, prompt_style, win_reward, invalid_reply_penalty: the harness
         (`HarnessConfig`).
       max_tokens, temperature, top_p: decoding of every call.
@@ -65,6 +67,7 @@ class AgentConfig:
     tenant: str = "online"
     concurrency: int = 8
     episodes: int = 0
+    env: str = "alfworld"
     split: str = "train"
     size: str = "small"
     phrasing: str = "0.4.2"
@@ -91,6 +94,15 @@ class AgentConfig:
             raise ValueError("AgentConfig.episodes, max_retries, history_length must be >= 0")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"AgentConfig.url must be http(s)://host:port, got {self.url!r}")
+        self.env_config  # noqa: B018  (the env, its split and max_steps checked here)
+
+    @property
+    def env_config(self) -> EnvConfig:
+        """The tasks the agent plays, as the rollout's `EnvConfig`."""
+        return EnvConfig(
+            name=self.env, split=self.split, size=self.size, phrasing=self.phrasing,
+            max_steps=self.max_steps, seed=self.seed,
+        )  # fmt: skip
 
 
 class AgentStats:
@@ -168,7 +180,9 @@ class Agent:
             win_reward=config.win_reward,
             invalid_reply_penalty=config.invalid_reply_penalty,
         )
-        self.games = GameSampler(config.split, seed=config.seed)
+        self.env = config.env_config
+        splits = self.env.env_class.splits
+        self.games = TaskSampler(config.split, splits[config.split], seed=config.seed)
         self._games_lock = threading.Lock()
         self.stop = threading.Event()
         self.stats = AgentStats(log_path)
@@ -220,19 +234,18 @@ class Agent:
         """One game as one session; the episode record, or None when stopped mid-game (the
         session is then left open: an unfinished game must not train as a lost one)."""
         config = self.config
-        env = AlfworldEnv(
-            config.split, size=config.size, phrasing=config.phrasing, max_steps=config.max_steps
-        )
-        harness = AlfworldHarness(env, self.harness_config)
+        env = self.env.make_envs(1)[0]
+        harness = PromptedEnv(env, self.harness_config)
         prompt, info = harness.reset(game)
+        # what `env_from_task_spec` replays the game from (ALFWorld: size, phrasing, game_id)
         task = {
-            "env": "alfworld", "split": config.split, "index": game, "size": config.size,
-            "phrasing": config.phrasing, "max_steps": config.max_steps, "layout": "windowed",
+            "env": config.env, "split": config.split, "index": game, **env.task_spec(),
+            "max_steps": config.max_steps, "layout": "windowed",
             "history_length": config.history_length, "task_type": info["task_type"],
-            "game_id": info["game_id"], "source": "online_agent",
+            "game_id": info["task_id"], "source": "online_agent",
         }  # fmt: skip
         session = self.gateway.start_session(
-            config.tenant, task_id=f"alfworld-{config.split}-g{game}", task=task
+            config.tenant, task_id=f"{config.env}-{config.split}-g{game}", task=task
         )
         client = session.openai(max_retries=config.max_retries, timeout=config.request_timeout_s)
         calls, truncated, won, done = [], None, False, False

@@ -111,7 +111,7 @@ class OnlineConfig:
       seed: offsets every seed (model init, games, sampling).
       model: the policy (preset + overrides, or a HF checkpoint).
       rollout: prompts, decoding and rewards (the agent's harness; layout must be windowed).
-      env: the ALFWorld games the agent plays (and evaluation's settings).
+      env: the env whose tasks the agent plays (and evaluation's settings).
       learner: the RL algorithm and its optimisers.
       warm_start: expert demos + behaviour cloning, or `from_run` of an alfworld_sao run.
       serving: the worker.
@@ -142,11 +142,6 @@ class OnlineConfig:
     tensorboard: bool = True
 
     def __post_init__(self):
-        if self.env.name != "alfworld":
-            raise ValueError(
-                "env.name must be 'alfworld' online: the agent process "
-                f"(sao_jax.pipeline.online_agent) plays ALFWorld games, got {self.env.name!r}"
-            )
         if self.rollout.layout != "windowed":
             raise ValueError(
                 "rollout.layout must be 'windowed' online: the agent sends each turn's harness "

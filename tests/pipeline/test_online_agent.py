@@ -30,6 +30,8 @@ def test_agent_refuses_bad_input_clearly():
     assert bad_url.returncode == 2 and "AgentConfig.url" in bad_url.stderr
     bad_count = _agent("--url", "http://127.0.0.1:9", "--concurrency", "0")
     assert bad_count.returncode == 2 and "AgentConfig.concurrency" in bad_count.stderr
+    bad_env = _agent("--url", "http://127.0.0.1:9", "--env", "nope", env={"SAO_ADMIN_KEY": "k"})
+    assert bad_env.returncode == 2 and "unknown env 'nope'" in bad_env.stderr
 
 
 def test_a_dead_agent_fails_the_learner_instead_of_hanging(tmp_path):
