@@ -21,6 +21,9 @@ which all understand the same command line:
     --out DIR          the `out_dir` field (when the config has no field `out`)
     -h, --help         usage, presets, and every field with its type, default and help
 
+A nested config field with `metadata={"flatten": True}` answers to its own field names
+(`python -m serving --num-slots 4` sets `worker.num_slots`); see `config_fields.leaves`.
+
 Field types and `__post_init__` checks are those of `sao_jax.config_fields`. An unknown key
 or a value of the wrong type stops with a message that names it, suggests the closest keys
 and lists the valid ones. With presets and an `out_dir` field, the resolved config is written
