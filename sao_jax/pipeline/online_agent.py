@@ -34,8 +34,8 @@ from typing import Any
 import openai
 
 from sao_jax.config_cli import parse_cli
-from sao_jax.envs import EnvConfig, TaskSampler
-from sao_jax.envs.prompted import HarnessConfig, PromptedEnv
+from sao_jax.envs import EnvConfig, PromptOptions, RewardWeights, TaskSampler
+from sao_jax.envs.prompted import PromptedEnv
 from serving.gateway.client import GatewayClient
 
 ADMIN_KEY_ENV = "SAO_ADMIN_KEY"
@@ -53,8 +53,8 @@ class AgentConfig:
       env: the env it plays (a registered `TextEnv`: `sao_jax.envs.EnvConfig.name`).
       split, size, phrasing, max_steps, seed: its tasks (`EnvConfig`; size and phrasing are
         ALFWorld's); seed orders them.
-      history_length, think, prompt_style, win_reward, invalid_reply_penalty: the harness
-        (`HarnessConfig`).
+      history_length, think, prompt_style: its prompts (`PromptOptions`); win_reward,
+        invalid_reply_penalty: its rewards (`RewardWeights`).
       max_tokens, temperature, top_p: decoding of every call.
       request_timeout_s: one completion's HTTP timeout (first calls wait for XLA compiles).
       max_retries: the openai client's retries of 429 / 5xx / connection errors.
@@ -173,12 +173,11 @@ class Agent:
     def __init__(self, config: AgentConfig, admin_key: str, *, log_path: Path | None = None):
         self.config = config
         self.gateway = GatewayClient(config.url, admin_key, timeout_s=config.request_timeout_s)
-        self.harness_config = HarnessConfig(
-            history_length=config.history_length,
-            think=config.think,
-            prompt_style=config.prompt_style,
-            win_reward=config.win_reward,
-            invalid_reply_penalty=config.invalid_reply_penalty,
+        self.prompt_options = PromptOptions(
+            history_length=config.history_length, think=config.think, style=config.prompt_style
+        )
+        self.reward_weights = RewardWeights(
+            win_reward=config.win_reward, invalid_reply_penalty=config.invalid_reply_penalty
         )
         self.env = config.env_config
         splits = self.env.env_class.splits
@@ -235,7 +234,7 @@ class Agent:
         session is then left open: an unfinished game must not train as a lost one)."""
         config = self.config
         env = self.env.make_envs(1)[0]
-        harness = PromptedEnv(env, self.harness_config)
+        harness = PromptedEnv(env, self.prompt_options, self.reward_weights)
         prompt, info = harness.reset(game)
         # what `env_from_task_spec` replays the game from (ALFWorld: size, phrasing, game_id)
         task = {
