@@ -53,7 +53,13 @@ class LocalServerConfig:
       seed: initialisation seed of a random preset model.
       dtype: parameter dtype of non-tiny presets / HF checkpoints.
       num_slots: requests decoded together.
-      context_length: prompt + completion positions per request (None: model's, <= 2048).
+      context_length: prompt + completion positions per request (None: model's, <= 2048;
+        all of a long-context preset's, `tiny_64k`).
+      max_completion_tokens: the most tokens one completion generates (requests asking for
+        more are clamped to it; None: the rest of the context).
+      prefill_chunk: prompts longer than this are encoded in pieces of this many tokens.
+      prefix_cache: reuse a slot's cached keys / values for a prompt that starts with the
+        same tokens (a re-sent conversation is encoded once).
       decode_steps: tokens per decode dispatch.
       max_prefill_batch: waiting requests prefilled per dispatch.
       max_queue: requests that may wait for a slot before 429s.
@@ -94,6 +100,9 @@ class LocalServerConfig:
     dtype: str = "float32"
     num_slots: int = 32
     context_length: int | None = None
+    max_completion_tokens: int | None = None
+    prefill_chunk: int = 2048
+    prefix_cache: bool = True
     decode_steps: int = 8
     max_prefill_batch: int = 8
     max_queue: int = 256
