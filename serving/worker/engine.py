@@ -99,7 +99,7 @@ class GenerationEngine:
         self._deactivate = jax.jit(_deactivate, donate_argnums=0)
         self._grow = jax.jit(_grow, donate_argnums=1)  # its cache becomes the new one
         self.cache_length = min(config.context_length, INITIAL_CACHE_LENGTH)
-        self._contents = SlotContents(config.num_slots, enabled=config.prefix_cache)
+        self.slot_contents = SlotContents(config.num_slots, enabled=config.prefix_cache)
         # Prompt tokens encoded / taken from a slot's cache (engine thread only; tests and
         # benchmarks read them, Prometheus has the same counts).
         self.prefill_tokens = 0
@@ -319,6 +319,10 @@ class GenerationEngine:
                 state = self._reap(state)
                 if admitted:
                     state = self._admit(state, admitted)
+                    # The first tokens go out now, not after the next decode dispatch (time
+                    # to first token is the prefill's, however long the batch's decode is).
+                    self._score_top_logprobs(state)
+                    self._deliver()
                 if not paused and any(s is not None and s.live for s in self._slots):
                     state = self._decode(state)
                 self._score_top_logprobs(state)
@@ -326,7 +330,7 @@ class GenerationEngine:
             except Exception as error:  # a device failure must not take the server down
                 logger.exception("generation engine iteration failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
-                self._contents.clear()
+                self.slot_contents.clear()
                 state = self.sampler.init_state(self.config.num_slots, self.cache_length)
         self._fail_all("the worker is shutting down", reason="cancelled")
 
@@ -356,7 +360,7 @@ class GenerationEngine:
                 self._push(handle, self._finished_unstarted(handle, "cancelled"))
                 continue
             prompt = np.asarray(handle.request.input_ids, np.int32)
-            index, cached = self._contents.choose(prompt, free, generation)
+            index, cached = self.slot_contents.choose(prompt, free, generation)
             free.remove(index)
             taken.append((index, handle, cached))
         self.metrics.queued.set(len(self._pending))
@@ -449,7 +453,7 @@ class GenerationEngine:
             SamplingParams(max_new_tokens=1),
             cached=[start],
         )
-        self._contents.chunk_prefilled(index, prompt, self.sampler.weights_generation)
+        self.slot_contents.chunk_prefilled(index, prompt, self.sampler.weights_generation)
         return state
 
     def _prefill(
@@ -467,8 +471,12 @@ class GenerationEngine:
             self.prefill_tokens += len(prompt) - cached
             self.metrics.prefill_tokens.inc(len(prompt) - cached)
             while len(prompt) - cached > chunk:
-                state = self._prefill_chunk(state, index, prompt[: cached + chunk], cached)
-                cached += chunk
+                # Chunks end at multiples of `chunk`, whatever the cached prefix: the shapes
+                # (chunk bucket, attention window) are then the same for every prompt, and
+                # compiled once.
+                end = (cached // chunk + 1) * chunk
+                state = self._prefill_chunk(state, index, prompt[:end], cached)
+                cached = end
             loads.append((index, prompt, max_new, seed, cached))
         version = self.sampler.policy_version
         sampling = [self._sampling(self._slots[r[0]].request, r[2], r[3]) for r in loads]
@@ -485,7 +493,7 @@ class GenerationEngine:
         generation = self.sampler.weights_generation
         stopped = []
         for (index, prompt, *_), token, lp, sp in zip(loads, first, logp, sampled, strict=True):
-            self._contents.prefilled(index, prompt, int(token), generation)
+            self.slot_contents.prefilled(index, prompt, int(token), generation)
             if self._extend(self._slots[index], [int(token)], [float(lp)], version, [float(sp)]):
                 stopped.append(index)
         return self._deactivate_slots(state, stopped)
@@ -518,7 +526,7 @@ class GenerationEngine:
         self.metrics.decode_seconds.observe(time.perf_counter() - start)
         counts = emitted.sum(axis=1)
         for index in np.flatnonzero(counts):
-            self._contents.decoded(int(index), tokens[index, : counts[index]].tolist())
+            self.slot_contents.decoded(int(index), tokens[index, : counts[index]].tolist())
         stopped = []
         for index, slot in enumerate(self._slots):
             if slot is None or not slot.live or counts[index] == 0:
