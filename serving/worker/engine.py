@@ -439,6 +439,9 @@ class GenerationEngine:
         else:
             with jax.set_mesh(self.sampler.mesh):
                 state = self._grow(state, empty)
+                # The sampler's kernels take the state in their own layout.
+                layout = self.sampler._state_shardings(self.config.num_slots, length)
+                state = jax.device_put(state, layout)
         logger.info("KV cache grown from %d to %d positions per slot", self.cache_length, length)
         self.cache_length = length
         return state
