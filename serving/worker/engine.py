@@ -10,8 +10,9 @@ full under load. Every token is stamped with the policy version that sampled it.
 Long contexts: the KV cache starts at most `INITIAL_CACHE_LENGTH` positions per slot and
 grows (powers of two, up to the context length) when a request needs more, so a worker that
 advertises 64K positions pays for them only once a long request arrives. A prompt longer than
-`prefill_chunk` is encoded in pieces (each piece attends to the cache written before it), so
-its attention scores are [chunk, positions so far], never [prompt, prompt]. A new request is
+`prefill_chunk` is encoded in pieces, one per loop iteration (each attends to the cache written
+before it), so its attention scores are [chunk, positions so far], never [prompt, prompt], and
+the other slots keep decoding between its chunks. A new request is
 placed in the slot whose cached tokens share the longest prefix with its prompt
 (`prefix_cache.py`), and only the rest of the prompt is encoded.
 
@@ -51,6 +52,16 @@ logger = logging.getLogger(__name__)
 
 # Positions per slot the cache starts with (the context length when that is shorter).
 INITIAL_CACHE_LENGTH = 4096
+
+
+@dataclasses.dataclass
+class _Chunking:
+    """A prompt being encoded chunk by chunk into its slot: tokens [0, done) are in the cache."""
+
+    prompt: list[int]
+    done: int
+    max_new: int
+    seed: int
 
 
 @dataclasses.dataclass
@@ -100,6 +111,7 @@ class GenerationEngine:
         self._grow = jax.jit(_grow, donate_argnums=1)  # its cache becomes the new one
         self.cache_length = min(config.context_length, INITIAL_CACHE_LENGTH)
         self.slot_contents = SlotContents(config.num_slots, enabled=config.prefix_cache)
+        self._chunking: dict[int, _Chunking] = {}  # slot -> its long prompt's progress
         # Prompt tokens encoded / taken from a slot's cache (engine thread only; tests and
         # benchmarks read them, Prometheus has the same counts).
         self.prefill_tokens = 0
@@ -319,6 +331,9 @@ class GenerationEngine:
                 state = self._reap(state)
                 if admitted:
                     state = self._admit(state, admitted)
+                if self._chunking and not paused:
+                    state = self._advance_chunks(state)
+                if admitted or self._chunking:
                     # The first tokens go out now, not after the next decode dispatch (time
                     # to first token is the prefill's, however long the batch's decode is).
                     self._score_top_logprobs(state)
@@ -330,6 +345,7 @@ class GenerationEngine:
             except Exception as error:  # a device failure must not take the server down
                 logger.exception("generation engine iteration failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
+                self._chunking.clear()
                 self.slot_contents.clear()
                 state = self.sampler.init_state(self.config.num_slots, self.cache_length)
         self._fail_all("the worker is shutting down", reason="cancelled")
@@ -463,24 +479,46 @@ class GenerationEngine:
         self, state: DecodeState, rows: list[tuple[int, list[int], int, int, int]]
     ) -> DecodeState:
         """rows: (slot, prompt ids, max new tokens, seed, leading prompt tokens the slot's
-        cache already holds); samples each slot's next token. A prompt's uncached part longer
-        than `prefill_chunk` is encoded chunk by chunk first."""
+        cache already holds); samples each slot's next token. A prompt whose uncached part is
+        longer than `prefill_chunk` is encoded one chunk per engine iteration instead
+        (`_advance_chunks`), so the other slots keep decoding meanwhile."""
         state = self._ensure_cache_length(state, max(len(r[1]) + r[2] for r in rows))
-        chunk = self.config.prefill_chunk
         loads = []
         for index, prompt, max_new, seed, cached in rows:
             self.cached_tokens += cached
             self.metrics.prefix_cached_tokens.inc(cached)
             self.prefill_tokens += len(prompt) - cached
             self.metrics.prefill_tokens.inc(len(prompt) - cached)
-            while len(prompt) - cached > chunk:
-                # Chunks end at multiples of `chunk`, whatever the cached prefix: the shapes
-                # (chunk bucket, attention window) are then the same for every prompt, and
-                # compiled once.
-                end = (cached // chunk + 1) * chunk
-                state = self._prefill_chunk(state, index, prompt[:end], cached)
-                cached = end
-            loads.append((index, prompt, max_new, seed, cached))
+            if len(prompt) - cached > self.config.prefill_chunk:
+                self._chunking[index] = _Chunking(prompt, cached, max_new, seed)
+            else:
+                loads.append((index, prompt, max_new, seed, cached))
+        return self._prefill_rows(state, loads) if loads else state
+
+    def _advance_chunks(self, state: DecodeState) -> DecodeState:
+        """Encode the next chunk of every long prompt; one whose rest fits a chunk is
+        prefilled (its first token sampled). Chunks end at multiples of `prefill_chunk`,
+        whatever the cached prefix: the shapes (chunk bucket, attention window) are then the
+        same for every prompt, and compile once."""
+        chunk = self.config.prefill_chunk
+        for index, job in list(self._chunking.items()):
+            slot = self._slots[index]
+            if slot is None or slot.finish is not None:  # cancelled or timed out meanwhile
+                del self._chunking[index]
+                continue
+            end = (job.done // chunk + 1) * chunk
+            state = self._prefill_chunk(state, index, job.prompt[:end], job.done)
+            job.done = end
+            if len(job.prompt) - job.done <= chunk:
+                del self._chunking[index]
+                row = (index, job.prompt, job.max_new, job.seed, job.done)
+                state = self._prefill_rows(state, [row])
+        return state
+
+    def _prefill_rows(
+        self, state: DecodeState, loads: list[tuple[int, list[int], int, int, int]]
+    ) -> DecodeState:
+        """One batched prefill of `_prefill`'s rows (each leaving at most a chunk to encode)."""
         version = self.sampler.policy_version
         sampling = [self._sampling(self._slots[r[0]].request, r[2], r[3]) for r in loads]
         mask = self._token_mask([self._slots[r[0]] for r in loads])
@@ -575,6 +613,8 @@ class GenerationEngine:
             return state
         self.metrics.policy_version.set(update.version)
         self.metrics.weight_updates.inc()
+        for job in self._chunking.values():  # its chunks so far were the old weights'
+            job.done = 0
         live = [i for i, s in enumerate(self._slots) if s is not None and s.live]
         if live and self.config.reprefill_on_update:
             # Recompute the running replies' KV under the new weights, so every later token's
@@ -624,6 +664,7 @@ class GenerationEngine:
         _push_many(handle.loop, [(handle, event)])
 
     def _fail_all(self, message: str, reason: str = "error") -> None:
+        self._chunking.clear()
         with self._cv:
             pending, self._pending = list(self._pending), collections.deque()
         for handle in pending:

@@ -6,6 +6,7 @@ encoded), and `max_completion_tokens` clamps an agent's max_tokens = context."""
 import asyncio
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -102,6 +103,30 @@ def test_chunked_prefill_of_a_long_prompt_matches_one_dispatch(make_worker):
     ids_whole, logprobs_whole, _ = generate(whole, prompt)
     assert ids == ids_whole
     np.testing.assert_allclose(logprobs, logprobs_whole, atol=2e-4)
+
+
+def test_other_slots_decode_while_a_long_prompt_is_read_chunk_by_chunk(make_worker):
+    worker = make_worker(prefill_chunk=256, prefix_cache=False)
+
+    async def run():
+        async def timed(prompt: list[int], max_tokens: int) -> tuple[float, float]:
+            request = GenerationRequest(
+                input_ids=tuple(prompt), max_tokens=max_tokens, temperature=0.0, stop_token_ids=()
+            )
+            first = None
+            async for event in worker.submit(request).events():
+                first = first or time.monotonic()
+                if isinstance(event, Finished):
+                    return first, time.monotonic()
+
+        long = asyncio.create_task(timed(random_prompt(3000, seed=7), 4))
+        await asyncio.sleep(0.05)  # the long prompt is admitted first
+        short = asyncio.create_task(timed(random_prompt(20, seed=8), 4))
+        return await long, await short
+
+    (long_first, _), (_, short_done) = asyncio.run(run())
+    # 12 chunks of 256 tokens: the short reply is complete before the long one's first token
+    assert short_done < long_first
 
 
 def test_a_resent_prefix_is_encoded_once_with_identical_outputs(make_worker):
