@@ -1,8 +1,8 @@
 """What a worker serves: a sao_jax `Transformer` and its tokenizer, from a preset or a checkpoint.
 
 Sources:
-- `--config tiny` (any preset name): random weights (seeded) and, for `tiny`, the byte-level
-  BPE of `tiny_tokenizer`; other presets need `--tokenizer`.
+- `--config tiny` (any preset name): random weights (seeded) and, for `tiny` and `tiny_64k`,
+  the byte-level BPE of `tiny_tokenizer`; other presets need `--tokenizer`.
 - `--checkpoint DIR` holding `config.json`: a Hugging Face Qwen3-MoE directory
   (`load_hf_qwen3_moe`), tokenizer from its `tokenizer.json`.
 - `--checkpoint DIR` of numbered step folders: an orbax checkpoint written by
@@ -30,6 +30,9 @@ from sao_jax.models.hf_qwen3_moe import load_hf_qwen3_moe
 from sao_jax.tokenizers import CHATML_JINJA_TEMPLATE, HFTokenizer, load_tokenizer
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
 
+# Presets served with the byte-level BPE of `tiny_tokenizer` and float32 weights.
+TINY_PRESETS = ("tiny", "tiny_64k")
+
 POLICY_ITEM = "policy"
 
 
@@ -53,7 +56,7 @@ def _tokenizer_for(path: Path | None, tokenizer: str | None, config_name: str | 
         return load_tokenizer(tokenizer)
     if path is not None and (path / "tokenizer.json").is_file():
         return load_tokenizer(path)
-    if config_name == "tiny":
+    if config_name in TINY_PRESETS:
         return build_tiny_tokenizer()
     raise ValueError(
         "no tokenizer: pass --tokenizer PATH (a tokenizer.json or its directory)"
@@ -111,7 +114,7 @@ def load_served_model(
             raise ValueError("pass --config NAME or --checkpoint PATH")
         tok = _tokenizer_for(None, tokenizer, config_name)
         config = get_model_config(config_name, vocab_size=max(tok.vocab_size, 1))
-        if config_name != "tiny":
+        if config_name not in TINY_PRESETS:
             config = config.replace(dtype=dtype, param_dtype=dtype)
         model = init_model(config, seed=seed)
         name, version, source = model_id or f"sao-{config_name}", 0, ""

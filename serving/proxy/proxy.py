@@ -133,6 +133,7 @@ class DataProxy:
         self.tokenizer = tokenizer
         self.model_id = model_info["model_id"]
         self.context_length = int(model_info["context_length"])
+        self.max_completion_tokens = model_info.get("max_completion_tokens")
         self.template_fingerprint = model_info["template_fingerprint"]
         self.metrics = ProxyMetrics(registry)
         self.max_token_bytes = max_token_bytes(tokenizer)
@@ -343,6 +344,7 @@ class DataProxy:
             input_ids,
             decoding,
             context_length=self.context_length,
+            max_completion_tokens=self.max_completion_tokens,
             stop_ids=tuple(self.tokenizer.stop_ids),
             timeout_s=self.config.request_timeout_s,
             extra=recorded,

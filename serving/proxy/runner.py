@@ -125,10 +125,12 @@ def plan_generation(
     extra: Mapping[str, Any],
     grammar: str | None = None,
     think_budget: int | None = None,
+    max_completion_tokens: int | None = None,
 ) -> tuple[GenerationRequest, DecodingParams]:
     """(the worker request, the decoding parameters to record). 400 when the prompt leaves no
     room; max_tokens None, or above the rest of the context, means the rest of the context
-    (clamped as vLLM's and llama.cpp's servers do: agents send the context size)."""
+    (clamped as vLLM's and llama.cpp's servers do: agents send the context size), and at most
+    the worker's `max_completion_tokens` (an operator limit)."""
     if len(input_ids) >= context_length:
         raise bad_request(
             f"this model's context is {context_length} tokens and the prompt has "
@@ -137,6 +139,8 @@ def plan_generation(
             code="context_length_exceeded",
         )
     room = context_length - len(input_ids)
+    if max_completion_tokens is not None:
+        room = min(room, max_completion_tokens)
     requested = decoding.max_tokens
     max_tokens = room if requested is None else min(requested, room)
     seed = decoding.seed if decoding.seed is not None else secrets.randbits(31)

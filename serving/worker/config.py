@@ -19,8 +19,17 @@ class WorkerConfig:
       seed: initialisation seed of a random (preset) model.
       dtype: parameter dtype of presets other than tiny / of HF checkpoints (float32, bfloat16).
       num_slots: requests decoded together (KV-cache slots).
-      context_length: positions per slot: prompt + completion tokens (None: the model's
-        max_seq_len, at most 2048).
+      context_length: positions per slot: prompt + completion tokens, the context `/v1/models`
+        advertises (None: the model's max_seq_len, at most 2048, except presets made to be
+        served long, `tiny_64k`: all of it). The KV cache starts at most 4096 positions long
+        and grows (powers of two) to the longest request served.
+      max_completion_tokens: the most tokens one completion may generate (None: the rest of
+        the context). A request asking for more (agents send the context size as max_tokens)
+        is clamped to it, not refused, and ends with finish_reason "length" when it hits it.
+      prefill_chunk: a prompt longer than this is encoded in pieces of this many tokens, so a
+        long prompt never builds its whole [prompt, prompt] attention score matrix at once.
+      prefix_cache: reuse the keys and values a finished request left in its slot when a new
+        prompt starts with the same tokens (a re-sent conversation is encoded once).
       decode_steps: tokens per decode dispatch; new requests join between dispatches.
       max_prefill_batch: waiting requests prefilled in one dispatch.
       max_queue: requests that may wait for a slot; beyond it requests get 429.
@@ -44,6 +53,9 @@ class WorkerConfig:
     dtype: str = "float32"
     num_slots: int = 32
     context_length: int | None = None
+    max_completion_tokens: int | None = None
+    prefill_chunk: int = 2048
+    prefix_cache: bool = True
     decode_steps: int = 8
     max_prefill_batch: int = 8
     max_queue: int = 256
@@ -55,7 +67,13 @@ class WorkerConfig:
     service_key: str | None = None
 
     def __post_init__(self):
-        positive = ("num_slots", "decode_steps", "max_prefill_batch", "staleness_batch_size")
+        positive = (
+            "num_slots",
+            "decode_steps",
+            "max_prefill_batch",
+            "staleness_batch_size",
+            "prefill_chunk",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"WorkerConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -63,6 +81,10 @@ class WorkerConfig:
             raise ValueError(f"WorkerConfig.max_queue must be >= 0, got {self.max_queue}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"WorkerConfig.context_length must be >= 2, got {self.context_length}")
+        if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
+            raise ValueError(
+                f"WorkerConfig.max_completion_tokens must be >= 1, got {self.max_completion_tokens}"
+            )
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"WorkerConfig.max_staleness must be >= 0, got {self.max_staleness}")
         if self.request_timeout_s <= 0:

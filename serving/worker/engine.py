@@ -7,6 +7,15 @@ jitted dispatch, and push the new tokens to the callers' event loops. A request 
 at the next iteration after it arrives and leaves it the moment it finishes, so the batch stays
 full under load. Every token is stamped with the policy version that sampled it.
 
+Long contexts: the KV cache starts at most `INITIAL_CACHE_LENGTH` positions per slot and
+grows (powers of two, up to the context length) when a request needs more, so a worker that
+advertises 64K positions pays for them only once a long request arrives. A prompt longer than
+`prefill_chunk` is encoded in pieces, one per loop iteration (each attends to the cache written
+before it), so its attention scores are [chunk, positions so far], never [prompt, prompt], and
+the other slots keep decoding between its chunks. A new request is
+placed in the slot whose cached tokens share the longest prefix with its prompt
+(`prefix_cache.py`), and only the rest of the prompt is encoded.
+
 Admission (validation, AReaL's staleness capacity -> 429) is in `admission.py`.
 """
 
@@ -23,9 +32,11 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sao_jax.rollout import DecodeState, Sampler, SamplingParams
+from sao_jax.rollout.sampler import bucket
 from sao_jax.tokenizers import Tokenizer
 from serving.common.errors import ApiError
 from serving.worker.admission import staleness_capacity, validate_request
@@ -33,10 +44,24 @@ from serving.worker.config import WorkerConfig
 from serving.worker.constraints import GrammarCompiler
 from serving.worker.generation import Finished, GenerationHandle, GenerationRequest, TextTracker
 from serving.worker.metrics import WorkerMetrics
+from serving.worker.prefix_cache import SlotContents
 from serving.worker.scoring import TopLogprobScorer
 from serving.worker.slots import Slot
 
 logger = logging.getLogger(__name__)
+
+# Positions per slot the cache starts with (the context length when that is shorter).
+INITIAL_CACHE_LENGTH = 4096
+
+
+@dataclasses.dataclass
+class _Chunking:
+    """A prompt being encoded chunk by chunk into its slot: tokens [0, done) are in the cache."""
+
+    prompt: list[int]
+    done: int
+    max_new: int
+    seed: int
 
 
 @dataclasses.dataclass
@@ -48,6 +73,13 @@ class _WeightUpdate:
 
 def _deactivate(state: DecodeState, keep: jax.Array) -> DecodeState:
     return state.replace(active=state.active & keep)
+
+
+def _grow(state: DecodeState, empty: DecodeState) -> DecodeState:
+    """`state` with its cache [B, K, S, Dh] copied into the first S positions of `empty`'s
+    longer one [B, K, S', Dh]."""
+    slots = jnp.arange(state.cache.num_slots)
+    return state.replace(cache=empty.cache.put_slots(slots, state.cache))
 
 
 class GenerationEngine:
@@ -76,6 +108,14 @@ class GenerationEngine:
         # A thinking budget needs both tags as single tokens; without them it is not applied.
         self._think_ids = None if None in think else think
         self._deactivate = jax.jit(_deactivate, donate_argnums=0)
+        self._grow = jax.jit(_grow, donate_argnums=1)  # its cache becomes the new one
+        self.cache_length = min(config.context_length, INITIAL_CACHE_LENGTH)
+        self.slot_contents = SlotContents(config.num_slots, enabled=config.prefix_cache)
+        self._chunking: dict[int, _Chunking] = {}  # slot -> its long prompt's progress
+        # Prompt tokens encoded / taken from a slot's cache (engine thread only; tests and
+        # benchmarks read them, Prometheus has the same counts).
+        self.prefill_tokens = 0
+        self.cached_tokens = 0
         self._cv = threading.Condition()
         self._pending: collections.deque[GenerationHandle] = collections.deque()
         self._slots: list[Slot | None] = [None] * config.num_slots
@@ -103,7 +143,7 @@ class GenerationEngine:
         `start`; returns the number of shapes run."""
         if self._thread is not None:
             raise RuntimeError("warmup must run before the engine starts")
-        sampler, context = self.sampler, self.config.context_length
+        sampler, context = self.sampler, self.cache_length
         lengths, length = [], sampler.min_prompt_bucket
         while length < context:
             lengths.append(length)
@@ -178,7 +218,11 @@ class GenerationEngine:
 
     def submit(self, request: GenerationRequest) -> GenerationHandle:
         """Queue a request (call from an event loop). 400 if invalid (a grammar that does not
-        compile included), 429 over capacity."""
+        compile included), 429 over capacity. max_tokens above `max_completion_tokens` is
+        clamped to it."""
+        cap = self.config.max_completion_tokens
+        if cap is not None and request.max_tokens > cap:
+            request = dataclasses.replace(request, max_tokens=cap)
         self.validate(request)
         handle = GenerationHandle(request, asyncio.get_running_loop())
         if request.grammar is not None:
@@ -248,6 +292,9 @@ class GenerationEngine:
                 "capacity": capacity,
                 "capacity_limit": limit,
                 "context_length": self.config.context_length,
+                "cache_length": self.cache_length,
+                "prefill_tokens": self.prefill_tokens,
+                "prefix_cached_tokens": self.cached_tokens,
             }
 
     # ------------------------------------------------------------------ engine thread
@@ -268,7 +315,7 @@ class GenerationEngine:
         )
 
     def _run(self) -> None:
-        state = self.sampler.init_state(self.config.num_slots, self.config.context_length)
+        state = self.sampler.init_state(self.config.num_slots, self.cache_length)
         while True:
             with self._cv:
                 while not self._stopping and not self._has_work():
@@ -284,6 +331,13 @@ class GenerationEngine:
                 state = self._reap(state)
                 if admitted:
                     state = self._admit(state, admitted)
+                if self._chunking and not paused:
+                    state = self._advance_chunks(state)
+                if admitted or self._chunking:
+                    # The first tokens go out now, not after the next decode dispatch (time
+                    # to first token is the prefill's, however long the batch's decode is).
+                    self._score_top_logprobs(state)
+                    self._deliver()
                 if not paused and any(s is not None and s.live for s in self._slots):
                     state = self._decode(state)
                 self._score_top_logprobs(state)
@@ -291,7 +345,9 @@ class GenerationEngine:
             except Exception as error:  # a device failure must not take the server down
                 logger.exception("generation engine iteration failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
-                state = self.sampler.init_state(self.config.num_slots, self.config.context_length)
+                self._chunking.clear()
+                self.slot_contents.clear()
+                state = self.sampler.init_state(self.config.num_slots, self.cache_length)
         self._fail_all("the worker is shutting down", reason="cancelled")
 
     def _has_work(self) -> bool:
@@ -309,15 +365,20 @@ class GenerationEngine:
         free = any(s is None for s in self._slots)
         return (free and bool(self._pending)) or any(s is not None and s.live for s in self._slots)
 
-    def _take_pending(self) -> list[tuple[int, GenerationHandle]]:
+    def _take_pending(self) -> list[tuple[int, GenerationHandle, int]]:
+        """(slot, handle, prompt tokens that slot already holds) for the requests to admit."""
         free = [i for i, s in enumerate(self._slots) if s is None]
         taken = []
+        generation = self.sampler.weights_generation
         while self._pending and free and len(taken) < self.config.max_prefill_batch:
             handle = self._pending.popleft()
             if handle.cancelled:
                 self._push(handle, self._finished_unstarted(handle, "cancelled"))
                 continue
-            taken.append((free.pop(0), handle))
+            prompt = np.asarray(handle.request.input_ids, np.int32)
+            index, cached = self.slot_contents.choose(prompt, free, generation)
+            free.remove(index)
+            taken.append((index, handle, cached))
         self.metrics.queued.set(len(self._pending))
         return taken
 
@@ -359,10 +420,10 @@ class GenerationEngine:
             return self._deactivate(state, keep)
 
     def _admit(
-        self, state: DecodeState, admitted: list[tuple[int, GenerationHandle]]
+        self, state: DecodeState, admitted: list[tuple[int, GenerationHandle, int]]
     ) -> DecodeState:
         now = time.monotonic()
-        for index, handle in admitted:
+        for index, handle, _ in admitted:
             stop_ids = frozenset(self._stop_ids(handle.request))
             tracker = TextTracker(self.tokenizer, handle.request.stop, stop_ids)
             slot = Slot(handle, stop_ids, tracker, admitted_at=now)
@@ -371,29 +432,109 @@ class GenerationEngine:
             self._slots[index] = slot
             self.metrics.queue_seconds.observe(now - handle.submitted_at)
         rows = [
-            (index, list(handle.request.input_ids), handle.request.max_tokens, handle.request.seed)
-            for index, handle in admitted
+            (
+                index,
+                list(handle.request.input_ids),
+                handle.request.max_tokens,
+                handle.request.seed,
+                cached,
+            )
+            for index, handle, cached in admitted
         ]
         self.metrics.prompt_tokens.inc(sum(len(r[1]) for r in rows))
         return self._prefill(state, rows)
 
+    def _ensure_cache_length(self, state: DecodeState, needed: int) -> DecodeState:
+        """Grow every slot's cache (keeping its contents) to hold `needed` positions."""
+        if needed <= self.cache_length:
+            return state
+        length = min(bucket(needed, 1), self.config.context_length)
+        empty = self.sampler.init_state(self.config.num_slots, length)
+        if self.sampler.mesh is None:
+            state = self._grow(state, empty)
+        else:
+            with jax.set_mesh(self.sampler.mesh):
+                state = self._grow(state, empty)
+                # The sampler's kernels take the state in their own layout.
+                layout = self.sampler._state_shardings(self.config.num_slots, length)
+                state = jax.device_put(state, layout)
+        logger.info("KV cache grown from %d to %d positions per slot", self.cache_length, length)
+        self.cache_length = length
+        return state
+
+    def _prefill_chunk(self, state: DecodeState, index: int, prompt: list[int], start: int):
+        """Encode prompt[start:] into slot `index` (positions start..); the sample is dropped
+        (max_new_tokens 1 leaves the slot inactive, so no decode step touches it)."""
+        state, *_ = self.sampler.prefill(
+            state,
+            [prompt],
+            [index],
+            SamplingParams(max_new_tokens=1),
+            cached=[start],
+        )
+        self.slot_contents.chunk_prefilled(index, prompt, self.sampler.weights_generation)
+        return state
+
     def _prefill(
-        self, state: DecodeState, rows: list[tuple[int, list[int], int, int]]
+        self, state: DecodeState, rows: list[tuple[int, list[int], int, int, int]]
     ) -> DecodeState:
-        """rows: (slot, prompt ids, max new tokens, seed); samples each slot's next token."""
+        """rows: (slot, prompt ids, max new tokens, seed, leading prompt tokens the slot's
+        cache already holds); samples each slot's next token. A prompt whose uncached part is
+        longer than `prefill_chunk` is encoded one chunk per engine iteration instead
+        (`_advance_chunks`), so the other slots keep decoding meanwhile."""
+        state = self._ensure_cache_length(state, max(len(r[1]) + r[2] for r in rows))
+        loads = []
+        for index, prompt, max_new, seed, cached in rows:
+            self.cached_tokens += cached
+            self.metrics.prefix_cached_tokens.inc(cached)
+            self.prefill_tokens += len(prompt) - cached
+            self.metrics.prefill_tokens.inc(len(prompt) - cached)
+            if len(prompt) - cached > self.config.prefill_chunk:
+                self._chunking[index] = _Chunking(prompt, cached, max_new, seed)
+            else:
+                loads.append((index, prompt, max_new, seed, cached))
+        return self._prefill_rows(state, loads) if loads else state
+
+    def _advance_chunks(self, state: DecodeState) -> DecodeState:
+        """Encode the next chunk of every long prompt; one whose rest fits a chunk is
+        prefilled (its first token sampled). Chunks end at multiples of `prefill_chunk`,
+        whatever the cached prefix: the shapes (chunk bucket, attention window) are then the
+        same for every prompt, and compile once."""
+        chunk = self.config.prefill_chunk
+        for index, job in list(self._chunking.items()):
+            slot = self._slots[index]
+            if slot is None or slot.finish is not None:  # cancelled or timed out meanwhile
+                del self._chunking[index]
+                continue
+            end = (job.done // chunk + 1) * chunk
+            state = self._prefill_chunk(state, index, job.prompt[:end], job.done)
+            job.done = end
+            if len(job.prompt) - job.done <= chunk:
+                del self._chunking[index]
+                row = (index, job.prompt, job.max_new, job.seed, job.done)
+                state = self._prefill_rows(state, [row])
+        return state
+
+    def _prefill_rows(
+        self, state: DecodeState, loads: list[tuple[int, list[int], int, int, int]]
+    ) -> DecodeState:
+        """One batched prefill of `_prefill`'s rows (each leaving at most a chunk to encode)."""
         version = self.sampler.policy_version
-        sampling = [self._sampling(self._slots[i].request, m, seed) for i, _, m, seed in rows]
-        mask = self._token_mask([self._slots[r[0]] for r in rows])
+        sampling = [self._sampling(self._slots[r[0]].request, r[2], r[3]) for r in loads]
+        mask = self._token_mask([self._slots[r[0]] for r in loads])
         state, first, logp, _, sampled = self.sampler.prefill(
             state,
-            [r[1] for r in rows],
-            [r[0] for r in rows],
+            [r[1] for r in loads],
+            [r[0] for r in loads],
             sampling,
+            cached=[r[4] for r in loads],
             token_mask=mask,
             behaviour=True,
         )
+        generation = self.sampler.weights_generation
         stopped = []
-        for (index, _, _, _), token, lp, sp in zip(rows, first, logp, sampled, strict=True):
+        for (index, prompt, *_), token, lp, sp in zip(loads, first, logp, sampled, strict=True):
+            self.slot_contents.prefilled(index, prompt, int(token), generation)
             if self._extend(self._slots[index], [int(token)], [float(lp)], version, [float(sp)]):
                 stopped.append(index)
         return self._deactivate_slots(state, stopped)
@@ -425,6 +566,8 @@ class GenerationEngine:
         )
         self.metrics.decode_seconds.observe(time.perf_counter() - start)
         counts = emitted.sum(axis=1)
+        for index in np.flatnonzero(counts):
+            self.slot_contents.decoded(int(index), tokens[index, : counts[index]].tolist())
         stopped = []
         for index, slot in enumerate(self._slots):
             if slot is None or not slot.live or counts[index] == 0:
@@ -470,6 +613,8 @@ class GenerationEngine:
             return state
         self.metrics.policy_version.set(update.version)
         self.metrics.weight_updates.inc()
+        for job in self._chunking.values():  # its chunks so far were the old weights'
+            job.done = 0
         live = [i for i, s in enumerate(self._slots) if s is not None and s.live]
         if live and self.config.reprefill_on_update:
             # Recompute the running replies' KV under the new weights, so every later token's
@@ -483,7 +628,8 @@ class GenerationEngine:
                     request = slot.request
                     seed = (request.seed * 1_000_003 + len(slot.output) + update.version) % 2**32
                     context = list(request.input_ids) + slot.output
-                    rows.append((index, context, request.max_tokens - len(slot.output), seed))
+                    remaining = request.max_tokens - len(slot.output)
+                    rows.append((index, context, remaining, seed, 0))
                 state = self._prefill(state, rows)
         update.future.set_result(update.version)
         return state
@@ -518,6 +664,7 @@ class GenerationEngine:
         _push_many(handle.loop, [(handle, event)])
 
     def _fail_all(self, message: str, reason: str = "error") -> None:
+        self._chunking.clear()
         with self._cv:
             pending, self._pending = list(self._pending), collections.deque()
         for handle in pending:

@@ -19,6 +19,16 @@ class WorkerMetrics:
         self.prompt_tokens = Counter(
             "sao_worker_prompt_tokens", "Prompt tokens prefilled for new requests.", registry=r
         )
+        self.prefill_tokens = Counter(
+            "sao_worker_prefill_tokens",
+            "Prompt tokens encoded (the rest came from a slot's prefix cache).",
+            registry=r,
+        )
+        self.prefix_cached_tokens = Counter(
+            "sao_worker_prefix_cached_tokens",
+            "Prompt tokens whose keys / values were reused from a slot's cache.",
+            registry=r,
+        )
         self.finished = Counter(
             "sao_worker_requests_finished",
             "Generations finished, by reason (stop, length, cancelled, timeout, error).",

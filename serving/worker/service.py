@@ -38,6 +38,8 @@ from serving.worker.generation import GenerationHandle, GenerationRequest
 from serving.worker.metrics import WorkerMetrics
 
 DEFAULT_MAX_CONTEXT = 2048
+# Presets whose whole max_seq_len is served by default (made for long-context agents).
+FULL_CONTEXT_PRESETS = ("tiny_64k",)
 logger = logging.getLogger(__name__)
 
 
@@ -55,7 +57,9 @@ class Worker:
         """`sampler`: share one sampler (its compiled kernels and weights) between several
         workers in one process; default: a new one over `served.model`."""
         model_config = served.model.config
-        context = config.context_length or min(model_config.max_seq_len, DEFAULT_MAX_CONTEXT)
+        context = config.context_length or model_config.max_seq_len
+        if config.context_length is None and config.preset not in FULL_CONTEXT_PRESETS:
+            context = min(context, DEFAULT_MAX_CONTEXT)
         self.config = dataclasses.replace(config, context_length=context)
         self.served = served
         self.tokenizer = served.tokenizer
@@ -99,6 +103,7 @@ class Worker:
         return {
             "model_id": self.model_id,
             "context_length": self.config.context_length,
+            "max_completion_tokens": self.config.max_completion_tokens,
             "vocab_size": self.sampler.config.vocab_size,
             "policy_version": self.sampler.policy_version,
             "checkpoint": self.served.checkpoint,
