@@ -163,16 +163,14 @@ def main(argv: list[str]) -> None:
     out = Path(config.out_dir)
     shutil.rmtree(out, ignore_errors=True)
     served = load_served_model(config_name=config.preset)
-    worker = Worker(
-        WorkerConfig(
-            preset=config.preset,
-            num_slots=config.num_slots,
-            max_completion_tokens=config.max_tokens,
-            prefill_chunk=config.prefill_chunk,
-        ),
-        served,
+    worker_config = WorkerConfig(
+        preset=config.preset,
+        num_slots=config.num_slots,
+        max_completion_tokens=config.max_tokens,
+        prefill_chunk=config.prefill_chunk,
     )
-    server_config = LocalServerConfig(buffer=str(out), admin_key=ADMIN_KEY, preset=config.preset)
+    worker = Worker(worker_config, served)
+    server_config = LocalServerConfig(buffer=str(out), admin_key=ADMIN_KEY, worker=worker_config)
     parts = create_local_server(server_config, worker=worker)
     server = ServerThread(parts.app)
     try:
