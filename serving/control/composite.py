@@ -30,6 +30,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from serving.common.errors import ApiError
+from serving.common.tool_specs import check_parameters
+
 SYSTEM_MODES = ("prepend", "replace")
 SCOPES = ("tenant",)
 MAX_TOP_K = 64
@@ -259,8 +262,10 @@ class Tools:
                 raise CompositeError(
                     f"{where}: needs a non-empty 'version' and 'parameters' (a JSON schema object)"
                 )
-            if parameters.get("type", "object") != "object":
-                raise CompositeError(f"{where}.parameters: a tool's parameters are an object")
+            try:  # the same check a client's tool gets: the proxy must be able to use it
+                check_parameters(parameters, f"{where}.parameters")
+            except ApiError as error:
+                raise CompositeError(error.message) from None
             out[name] = ToolSchema(version, dict(parameters))
         return cls(out)
 
