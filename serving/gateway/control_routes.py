@@ -48,6 +48,13 @@ def _api_error(error: Exception) -> ApiError:
     raise error
 
 
+def _caller(principal) -> str:
+    """How a caller appears in the audit log (as on the data-rights routes)."""
+    if principal.kind == "session":
+        return f"session:{principal.session.session_id}"
+    return "admin" if principal.is_admin else principal.tenant.name
+
+
 def _version(value: Any, name: str) -> int:
     if isinstance(value, str) and value.isdigit():
         value = int(value)
@@ -104,7 +111,7 @@ def add_control_routes(app: web.Application, gateway_key, audit_key, principal) 
         audit = request.app[audit_key]
         try:
             caller = principal(request)
-            entry["principal"] = "admin" if caller.is_admin else "not-admin"
+            entry["principal"] = _caller(caller)
             store, tenant = store_for(request)
             body = await read_json_object(request)
             reason = body.get("reason", "")

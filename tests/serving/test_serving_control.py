@@ -152,6 +152,23 @@ def test_a_session_keeps_token_exact_prefixes_under_its_composite(server):
     assert two.metadata.extra["memory_notes"] == ["tokyo"]
 
 
+def test_responses_api_continues_the_clients_conversation_not_the_models(server):
+    """The stored conversation a `previous_response_id` continues is the client's: the harness
+    is applied once per call, not again onto text it added before."""
+    thread, parts, buffer = server
+    assert _put(thread.url, "stark", COMPOSITE)[0] == 200
+    session_id, client = session_client(thread.url, "stark")
+    first = client.responses.create(model=MODEL, input="Weather in Paris?", max_output_tokens=4)
+    client.responses.create(
+        model=MODEL, input="And Tokyo?", previous_response_id=first.id, max_output_tokens=4
+    )
+    (one, _), (two, event) = _prompts(parts, buffer, "stark", session_id)
+    for prompt in (one, two):
+        assert prompt.count("You are the ACME weather agent.") == 1
+        assert prompt.count("Paris reports in Celsius.") == 1
+    assert "Tokyo is UTC+9." in two and event.metadata.composite_version == 1
+
+
 def test_rollback_restores_earlier_content_as_a_new_version(server):
     thread, parts, buffer = server
     assert _put(thread.url, "initech", COMPOSITE)[0] == 200
@@ -209,7 +226,8 @@ def test_bad_input_is_refused_and_changes_nothing(server):
         if e.get("tenant") == "umbrella" and e.get("operation") in ("put", "rollback")
     ]  # every write, refused ones included; reads are not audited
     assert [e["status"] for e in entries] == [200, 400, 400, 409, 400, 404, 400, 403]
-    assert entries[0]["version"] == 1 and entries[-1]["principal"] == "not-admin"
+    assert entries[0]["version"] == 1 and entries[0]["principal"] == "admin"
+    assert entries[-1]["principal"] == f"session:{session['session_id']}"
 
 
 def test_history_is_append_only_across_restarts_and_the_cli(tmp_path, capsys):
