@@ -76,8 +76,14 @@ class CompositeStore:
 
     def _read(self, tenant: str, version: int) -> CompositePolicy:
         path = self._dir(tenant) / f"v{version:06d}.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return CompositePolicy.from_json(data, str(path))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return CompositePolicy.from_json(data, str(path))
+        except (OSError, ValueError, KeyError, TypeError) as error:  # CompositeError included
+            raise ControlError(
+                f"{path}: unreadable composite version ({error}); version files are written "
+                "only by the store and must not be edited"
+            ) from None
 
     # ------------------------------------------------------------------ reading
 

@@ -11,6 +11,7 @@ from serving.control.apply import MEMORY_HEADER, apply_chat, retrieve
 from serving.control.composite import CompositeError, CompositePolicy, CompositeSpec, Memory
 from serving.control.store import (
     CompositeStore,
+    ControlError,
     InvalidTenant,
     UnknownVersion,
     VersionConflict,
@@ -123,6 +124,9 @@ def test_store_errors_are_clear(tmp_path):
     with pytest.raises(CompositeError):
         store.put("acme", {"memory": {"top_k": "3"}})
     assert [c.version for c in store.history("acme")] == [1]  # refused puts left no trace
+    (tmp_path / "acme" / "v000001.json").write_text("{truncated")
+    with pytest.raises(ControlError, match=r"v000001\.json: unreadable"):
+        CompositeStore(tmp_path).current("acme")
 
 
 def test_apply_harness_memory_and_tools():
