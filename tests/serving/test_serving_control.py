@@ -22,8 +22,11 @@ from atdp_io import EventKind, codec
 from atdp_io.events import Event, EventMetadata
 from atdp_io.schema import ReplayClass
 from serving.control.cli import main as control_cli
-from serving.control.composite import CompositeSpec
+from serving.control.composite import CompositePolicy, CompositeSpec
 from serving.gateway.app import AUDIT
+from serving.proxy.attribution import composite_fields
+from serving.proxy.runner import CallContext
+from serving.router.router import Route
 
 MODEL = "sao-test"
 COMPOSITE = {
@@ -283,3 +286,16 @@ def test_metadata_attribution_round_trips_and_old_records_read():
     data["metadata"]["composite_version"] = -1
     with pytest.raises(Exception, match="composite_version"):
         codec.event_from_json(data, None)
+
+
+def test_the_attribution_travels_to_a_separate_proxy_process():
+    """Gateway and data proxy in separate processes exchange the call as JSON."""
+    composite = CompositePolicy("acme", 2, CompositeSpec.from_json(COMPOSITE))
+    call = CallContext(
+        "s", "acme", Route("s", "proxy", "worker"), composite=composite.attribution()
+    )
+    back = CallContext.from_json(json.loads(json.dumps(call.to_json())))
+    assert back == call
+    fields = composite_fields(back.composite)
+    assert fields["composite_version"] == 2 and fields["policy_version"] == "sao-7"
+    assert EventMetadata(**fields).tool_schema_versions == {"get_weather": "weather-v2"}
