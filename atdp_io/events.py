@@ -193,6 +193,13 @@ class EventMetadata:
     harness_fingerprint: str = ""
     model_id: str = ""
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # The composite policy that produced the event (serving/control): its version (None: not
+    # served under one), the fingerprint of its memory, the versions of the tool schemas it
+    # overrode (tool name -> version) and the policy it names. Absent in older records.
+    composite_version: int | None = None
+    memory_version: str = ""
+    tool_schema_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    policy_version: str = ""
 
     def __post_init__(self):
         check_finite("metadata.timestamp", self.timestamp, optional=True)
@@ -204,6 +211,13 @@ class EventMetadata:
             check_str(f"metadata.{field}", getattr(self, field))
         if not isinstance(self.extra, Mapping):
             raise fail("metadata.extra", "expected a JSON object")
+        check_int("metadata.composite_version", self.composite_version, optional=True, minimum=0)
+        check_str("metadata.memory_version", self.memory_version)
+        check_str("metadata.policy_version", self.policy_version)
+        if not isinstance(self.tool_schema_versions, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.tool_schema_versions.items()
+        ):
+            raise fail("metadata.tool_schema_versions", "expected a mapping tool name -> version")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -181,10 +181,10 @@ class BlockingClient:
             code="service_unavailable",
         )
 
-    def request(self, path: str, body: Any = None) -> bytes:
-        """The answer's bytes: GET without a body, else POST of JSON `body`."""
+    def request(self, path: str, body: Any = None, *, method: str | None = None) -> bytes:
+        """The answer's bytes: GET without a body, else POST of JSON `body` (or `method`)."""
         data = None if body is None else json.dumps(body).encode()
-        method = "GET" if body is None else "POST"
+        method = method or ("GET" if body is None else "POST")
         request = urllib.request.Request(
             self.url + path, data=data, method=method, headers=self._headers
         )
@@ -203,9 +203,9 @@ class BlockingClient:
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             raise self.unavailable(error) from None
 
-    def call(self, path: str, body: Any = None) -> Any:
+    def call(self, path: str, body: Any = None, *, method: str | None = None) -> Any:
         """The JSON answer of `request`."""
-        return json.loads(self.request(path, body))
+        return json.loads(self.request(path, body, method=method))
 
 
 async def json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:

@@ -12,6 +12,8 @@
     POST /rl/delete         {"tenant"?, "session_id" | "user_id" | "trajectory_ids", "reason"?}
     POST /rl/withdraw_consent {"tenant"?, "session_id" | "user_id" | "trajectory_ids"}
     POST /rl/pause, /rl/continue, /rl/update_weights {"version"?, "path", "step"?}   admin
+    GET, PUT /rl/control/{tenant}[/history|/versions/N|/diff], POST .../rollback       admin
+        each tenant's versioned composite policy (`control_routes.py`)
     GET  /health, /metrics                          no key
 
 Errors use OpenAI's JSON shape (`serving.common.errors`).
@@ -23,6 +25,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -34,9 +37,11 @@ from serving.common.ids import session_of
 from serving.common.metrics import metrics_handler
 from serving.common.openai_requests import parse_chat_request, parse_completion_request
 from serving.common.responses_requests import parse_responses_request
+from serving.control.store import CompositeStore
 from serving.gateway.audit import GatewayAudit
 from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
 from serving.gateway.config import GatewayConfig
+from serving.gateway.control_routes import add_control_routes
 from serving.gateway.data_requests import SELECTORS, parse_data_request
 from serving.gateway.gateway import Gateway
 from serving.gateway.sessions import SessionTable
@@ -452,6 +457,7 @@ def create_app(
         proxy_client=proxy_client,
         worker_client=worker_client,
         registry=registry,
+        composites=CompositeStore(Path(config.state_dir) / "composites"),
     )
     app[GATEWAY] = gateway
     audit = GatewayAudit(config.state_dir)
@@ -473,6 +479,7 @@ def create_app(
     app.router.add_post("/rl/pause", pause)
     app.router.add_post("/rl/continue", resume)
     app.router.add_post("/rl/update_weights", update_weights)
+    add_control_routes(app, GATEWAY, AUDIT, _principal)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler(gateway.metrics.registry))
 

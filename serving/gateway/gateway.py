@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,6 +20,8 @@ from serving.common.ids import opaque_id
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.common.responses_requests import ResponsesRequest, with_history
+from serving.control.apply import apply_chat
+from serving.control.store import CompositeStore
 from serving.gateway import responses_api
 from serving.gateway.auth import Principal
 from serving.gateway.config import GatewayConfig
@@ -65,8 +68,10 @@ class Gateway:
         proxy_client: Callable[[str], ProxyClient],
         worker_client: Callable[[str], WorkerClient],
         registry: CollectorRegistry | None = None,
+        composites: CompositeStore | None = None,
     ):
         self.config = config
+        self.composites = composites  # each tenant's composite policy (serving/control)
         self.tenants = tenants
         self.sessions = sessions
         self.router = router
@@ -145,7 +150,9 @@ class Gateway:
     ) -> dict[str, Any] | AsyncIterator[bytes]:
         """Run a chat / text completion on the caller's data proxy (body or SSE bytes)."""
         await self.check_model(request.model)
+        request, composite = await self._with_composite(principal, request)
         call, ephemeral = await self._call_context(principal)
+        call = dataclasses.replace(call, composite=composite)
         self._admit()
         released = False
         try:
@@ -166,6 +173,22 @@ class Gateway:
                 self._release()
                 if ephemeral:
                     await self.router.release(call.session_id)
+
+    async def _with_composite(
+        self, principal: Principal, request: ChatRequest | CompletionRequest
+    ) -> tuple[ChatRequest | CompletionRequest, dict[str, Any] | None]:
+        """(the request as the model sees it under the caller's tenant's composite policy,
+        the composite's attribution). Legacy completions' prompts are sent as given; their
+        events still name the composite in force."""
+        if self.composites is None or principal.tenant is None:
+            return request, None
+        composite = self.composites.current(principal.tenant.name)
+        attribution = composite.attribution()
+        if composite.version == 0 or not isinstance(request, ChatRequest):
+            return request, attribution
+        applied = await asyncio.to_thread(apply_chat, composite, request.messages, request.tools)
+        shown = dataclasses.replace(request, messages=applied.messages, tools=applied.tools)
+        return shown, {**attribution, "memory_notes": list(applied.memory_notes)}
 
     async def _release_after(
         self, stream: AsyncIterator[bytes], ephemeral: CallContext | None

@@ -34,6 +34,7 @@ from typing import Any
 
 from atdp_io import Action, ActionKind, Event, EventKind, EventMetadata, ReplayClass, ToolCall
 from serving.common.errors import bad_request
+from serving.proxy.attribution import composite_fields
 
 EVENT_TYPES = ("tool", "retrieval", "memory", "approval")
 _FIELDS = {
@@ -120,8 +121,14 @@ def parse_event(body: Mapping[str, Any]) -> AgentEvent:
     )
 
 
-def event_record(event: AgentEvent, session_id: str, model_id: str) -> Event:
-    """The ATDP event of a reported boundary (module docstring)."""
+def event_record(
+    event: AgentEvent,
+    session_id: str,
+    model_id: str,
+    composite: Mapping[str, Any] | None = None,
+) -> Event:
+    """The ATDP event of a reported boundary (module docstring); `composite`: the attribution
+    of the composite policy of the session's latest call (`attribution.py`)."""
     extra: dict[str, Any] = {"event_type": event.type, "reported": True}
     if event.version:
         extra["version"] = event.version
@@ -134,6 +141,7 @@ def event_record(event: AgentEvent, session_id: str, model_id: str) -> Event:
         interaction_id=event.interaction_id or "",
         model_id=model_id,
         extra=extra,
+        **composite_fields(composite),
     )
     error_class = f"{event.type}_error" if event.error else ""
     if event.type in ("tool", "memory"):

@@ -223,7 +223,7 @@ class DataProxy:
             )
         async with state.lock:
             (index,) = await self.sessions.append(
-                state, [event_record(event, session_id, self.model_id)]
+                state, [event_record(event, session_id, self.model_id, state.composite)]
             )
             if event.type in ("tool", "memory") and event.call_id:
                 state.reported.add(event.call_id)

@@ -22,6 +22,7 @@ import numpy as np
 from prometheus_client import Counter, Histogram
 
 from atdp_io import DecodingParams, EventKind, EventMetadata, Outcome
+from serving.proxy.attribution import composite_fields, harness_fingerprint
 from serving.proxy.conversation import canonical, new_messages
 from serving.proxy.implicit import ImplicitSessions
 from serving.proxy.prefix import SampledTurn, conversation_keys, echoed_reply
@@ -108,9 +109,10 @@ class CallRecorder:
             cost_usd=self.prices.cost(self.model_id, prompt_tokens, completion_tokens),
             session_id=call.session_id,
             interaction_id=record.interaction_id,
-            harness_fingerprint=self.template_fingerprint,
+            harness_fingerprint=harness_fingerprint(self.template_fingerprint, call.composite),
             model_id=self.model_id,
             extra=extra,
+            **composite_fields(call.composite),
         )
 
     async def record(
@@ -140,6 +142,8 @@ class CallRecorder:
                 extra["worker_finish_reason"] = collected.finished.finish_reason
             if record.prompt is not None:
                 extra["prompt"] = record.prompt
+            if call.composite and call.composite.get("memory_notes"):
+                extra["memory_notes"] = list(call.composite["memory_notes"])
             top = _top_logprobs(collected)
             if top is not None:
                 extra["top_logprobs"] = top
@@ -160,8 +164,9 @@ class CallRecorder:
                 plain = EventMetadata(
                     timestamp=metadata.timestamp,
                     session_id=call.session_id,
-                    harness_fingerprint=self.template_fingerprint,
+                    harness_fingerprint=metadata.harness_fingerprint,
                     model_id=self.model_id,
+                    **composite_fields(call.composite),
                 )
                 events += [
                     e
@@ -196,6 +201,7 @@ class CallRecorder:
             )
             begin = time.monotonic()
             indices = await self.sessions.append(state, events)
+            state.composite = call.composite
             self.append_seconds.observe(time.monotonic() - begin)
             for event in events:
                 self.events_counter.labels(event.kind.value).inc()

@@ -36,6 +36,8 @@ class CallContext:
 
     ephemeral: a tenant-key call without a session; it becomes a one-call trajectory with
     `governance` (the tenant's defaults), closed right after.
+    composite: the attribution of the tenant's composite policy the gateway applied
+    (`serving/proxy/attribution.py`); None when none was.
     """
 
     session_id: str
@@ -43,6 +45,7 @@ class CallContext:
     route: Route
     ephemeral: bool = False
     governance: dict[str, Any] | None = None
+    composite: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -65,6 +65,7 @@ class SessionState:
     reported: set[str] = dataclasses.field(default_factory=set)  # tool call ids on /rl/event
     last_llm: int | None = None
     cost_usd: float = 0.0  # sum of the recorded llm_calls' metadata.cost_usd
+    composite: dict[str, Any] | None = None  # attribution of the last call's composite
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     @property

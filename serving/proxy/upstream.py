@@ -38,6 +38,7 @@ from serving.common import ids
 from serving.common.client import ServiceClient
 from serving.common.errors import ApiError, bad_request
 from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.proxy.attribution import composite_fields, harness_fingerprint
 from serving.proxy.conversation import canonical, new_messages
 from serving.proxy.prefix import conversation_keys, echoed_reply
 from serving.proxy.proxy import DataProxy, _sse
@@ -379,7 +380,10 @@ class UpstreamProxy(DataProxy):
                 extra["context_rewritten"] = True
             if reply.usage:
                 extra["usage"] = reply.usage
-            plain = EventMetadata(timestamp=now, session_id=call.session_id, model_id=self.model_id)
+            attributed = composite_fields(call.composite)
+            plain = EventMetadata(
+                timestamp=now, session_id=call.session_id, model_id=self.model_id, **attributed
+            )
             events = message_events(request.messages, start, tools, plain)
             metadata = EventMetadata(
                 timestamp=now,
@@ -387,11 +391,13 @@ class UpstreamProxy(DataProxy):
                 session_id=call.session_id,
                 interaction_id=interaction_id,
                 model_id=self.model_id,
-                harness_fingerprint=self.template_fingerprint,
+                harness_fingerprint=harness_fingerprint(self.template_fingerprint, call.composite),
                 extra=extra,
+                **attributed,
             )
             events.append(self._reply_event(request, tools, reply, metadata))
             indices = await self.sessions.append(state, events)
+            state.composite = call.composite
             if reply.finish_reason != "cancelled":
                 state.interactions[interaction_id] = indices[-1]
                 state.last_llm = indices[-1]
