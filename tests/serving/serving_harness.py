@@ -141,8 +141,11 @@ def shared_worker() -> Worker:
 
 
 @contextlib.contextmanager
-def local_server(buffer: Path, worker: Worker | None = None, **overrides):
-    """The one-process server (gateway, router, proxy, worker) on a loopback port."""
+def local_server(buffer: Path, worker: Worker | None = None, *, worker_config=None, **overrides):
+    """The one-process server (gateway, router, proxy, worker) on a loopback port;
+    `worker_config` is the config's nested `WorkerConfig` (what /v1/models advertises)."""
+    if worker_config is not None:
+        overrides["worker"] = worker_config
     config = LocalServerConfig(buffer=str(buffer), admin_key=ADMIN_KEY, **overrides)
     server = create_local_server(config, worker=worker or shared_worker())
     thread = ServerThread(server.app)

@@ -174,8 +174,9 @@ def test_max_completion_tokens_clamps_a_request_for_the_whole_context(make_worke
 
 
 def test_an_agent_asking_for_the_whole_context_is_served_and_recorded(tmp_path, served, sampler):
-    worker = Worker(dataclasses.replace(CONFIG, max_completion_tokens=6), served, sampler=sampler)
-    with local_server(tmp_path, worker=worker, preset="tiny_64k") as (thread, _):
+    config = dataclasses.replace(CONFIG, max_completion_tokens=6)
+    worker = Worker(config, served, sampler=sampler)
+    with local_server(tmp_path, worker=worker, worker_config=config) as (thread, _):
         session_id, client = session_client(thread.url)
         model = client.models.list().data[0]
         assert model.context_length == 65_536
