@@ -88,8 +88,11 @@ class RolloutConfig:
     max_context_tokens: KV-cache positions per slot: a turn's input + `max_new_tokens` must
       fit (the cap of a whole concat episode), so every loader row fits a `seq_len` of this
       size; at most the model's `max_seq_len`.
-    temperature, top_k, top_p: decoding (temperature 0 is greedy); log-probs are recorded at
-      temperature 1 whatever these are.
+    temperature, top_k, top_p: decoding (temperature 0 is greedy). Every turn records the
+      policy's temperature-1 log-probs; when these are not the identity (1, 0, 1), also the
+      log-probs under the distribution actually sampled (greedy: 0 for the argmax), as
+      `decoding.extra["sampled_logprobs"]` like the serving proxy, so the learner's DIS ratio
+      compares like with like.
     group_size: G plays of each game, started together and written together (GRPO groups).
     decode_chunk: decode steps per dispatch (more: less Python overhead; fewer: finished slots
       refill sooner).
@@ -181,6 +184,7 @@ class _Slot:
     out_ids: list[int] = dataclasses.field(default_factory=list)
     out_logp: list[float] = dataclasses.field(default_factory=list)
     out_versions: list[int] = dataclasses.field(default_factory=list)
+    out_behaviour: list[float] = dataclasses.field(default_factory=list)  # transformed logps
     seed: int = 0
     turn_started: float = 0.0
     continuation: list[int] | None = None  # concat: ids appended since the last turn
@@ -248,6 +252,9 @@ class AgentLoop:
             max_tokens=config.max_new_tokens,
             stop=stop_names,
         )
+        # Behaviour log-probs under the sampled transform, only when it is not the identity
+        # (there they equal the temperature-1 ones, and records stay as they were).
+        self.behaviour = (config.temperature, config.top_k, config.top_p) != (1.0, 0, 1.0)
         self._reset_state()
         self._groups = itertools.count()
         self.abandoned_episodes = 0  # started but never finished (play stopped early)
@@ -404,6 +411,7 @@ class AgentLoop:
             (extend if reusable else full).append(b)
             slot.seed, slot.turn_started = self._call_seed(slot), time.time()
             slot.out_ids, slot.out_logp, slot.out_versions = [], [], []
+            slot.out_behaviour = []
             slot.cache_version = version
         finished = []
         for group, extending in ((full, False), (extend, True)):
@@ -413,14 +421,14 @@ class AgentLoop:
             generation = self.sampler.weights_generation
             if extending:
                 tokens = [slots[b].continuation for b in group]
-                self._state, first, logp, done = self.sampler.extend(
-                    self._state, tokens, group, sampling
+                self._state, first, logp, done, *sampled = self.sampler.extend(
+                    self._state, tokens, group, sampling, behaviour=self.behaviour
                 )
             else:
                 tokens = [slots[b].input_ids for b in group]
                 cached = [self._cached_prefix(b, slots[b].input_ids) for b in group]
-                self._state, first, logp, done = self.sampler.prefill(
-                    self._state, tokens, group, sampling, cached=cached
+                self._state, first, logp, done, *sampled = self.sampler.prefill(
+                    self._state, tokens, group, sampling, cached=cached, behaviour=self.behaviour
                 )
             # weights swapped during the load (another thread): nothing it wrote is reusable
             same_weights = generation == self.sampler.weights_generation
@@ -436,6 +444,8 @@ class AgentLoop:
                 slot.out_ids.append(int(first[i]))
                 slot.out_logp.append(float(logp[i]))
                 slot.out_versions.append(version)
+                if sampled:
+                    slot.out_behaviour.append(float(sampled[0][i]))
                 if done[i]:
                     finished.append(b)
                 else:
@@ -446,8 +456,8 @@ class AgentLoop:
         if before_dispatch is not None:
             before_dispatch()
         version = self.sampler.policy_version
-        self._state, tokens, logp, emitted = self.sampler.decode(
-            self._state, self.config.decode_chunk
+        self._state, tokens, logp, emitted, *sampled = self.sampler.decode(
+            self._state, self.config.decode_chunk, behaviour=self.behaviour
         )
         active = np.asarray(self._state.active)
         finished = []
@@ -456,6 +466,8 @@ class AgentLoop:
             slot.out_ids += tokens[b, :n].tolist()
             slot.out_logp += logp[b, :n].tolist()
             slot.out_versions += [version] * n
+            if sampled:
+                slot.out_behaviour += sampled[0][b, :n].tolist()
             if n and version != slot.cache_version:
                 slot.cache_version = None  # the cache now mixes weight versions
             if not active[b]:
@@ -500,6 +512,9 @@ class AgentLoop:
                 started_at=slot.turn_started,
                 latency_s=time.time() - slot.turn_started,
                 info=info,
+                sampled_logprobs=(
+                    np.asarray(slot.out_behaviour, np.float32) if self.behaviour else None
+                ),
             )
         )
         slot.history.append((slot.observation, command))

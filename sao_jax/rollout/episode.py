@@ -1,8 +1,9 @@
 """A finished episode of any `TextEnv` and its ATDP record.
 
 Each turn becomes two events: an `llm_call` (the lossless call: every input id, the sampled
-ids, their temperature-1 log-probs and per-token policy versions, decoding parameters, the
-prompt-template fingerprint) followed by the `env_step` it caused (the command, the resulting
+ids, their temperature-1 log-probs and per-token policy versions, decoding parameters -- with
+the log-probs under the decoding transform actually sampled, `extra["sampled_logprobs"]`, when
+it is not the identity --, the prompt-template fingerprint) followed by the `env_step` it caused (the command, the resulting
 observation, the rewards). The loader credits an event's rewards to the last output token of
 the nearest LLM call at or before it, so the win reward and a malformed-reply penalty land on
 the action token of the turn that earned them.
@@ -41,7 +42,9 @@ class Turn:
 
     input_ids [P] int32: everything the model was given; output_ids [N] int32 (the stop token
     included); output_logprobs [N] float32 at temperature 1 (zeros for expert demos);
-    output_versions [N] int32: the policy version that sampled each token.
+    output_versions [N] int32: the policy version that sampled each token;
+    sampled_logprobs [N] float32: log-probs under the distribution actually sampled
+    (temperature, top-k, top-p applied), None when that is the plain temperature-1 one.
     """
 
     input_ids: np.ndarray
@@ -64,6 +67,7 @@ class Turn:
     started_at: float
     latency_s: float
     info: Mapping = dataclasses.field(default_factory=dict)  # the env's step info (not stored)
+    sampled_logprobs: np.ndarray | None = None
 
     @property
     def policy_version(self) -> int:
@@ -182,13 +186,17 @@ class Episode:
 
     def _llm_event(self, k: int, turn: Turn) -> Event:
         demo = self.source == "expert_demo"
+        decoding = dataclasses.replace(self.decoding, seed=turn.seed)
+        if turn.sampled_logprobs is not None:  # the serving proxy's format: a list [N]
+            extra = {**decoding.extra, "sampled_logprobs": turn.sampled_logprobs.tolist()}
+            decoding = dataclasses.replace(decoding, extra=extra)
         call = LLMCall(
             model_id=self.model_id,
             policy_version=turn.policy_version,
             input_ids=turn.input_ids,
             output_ids=turn.output_ids,
             output_logprobs=turn.output_logprobs,
-            decoding=dataclasses.replace(self.decoding, seed=turn.seed),
+            decoding=decoding,
             prompt_template_fingerprint=self.template_fingerprint,
             finish_reason=turn.finish_reason,
             output_versions=turn.output_versions,

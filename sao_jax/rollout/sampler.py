@@ -529,14 +529,16 @@ class Sampler:
         continuations: Sequence[Sequence[int]],
         slots: Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
-    ) -> tuple[DecodeState, np.ndarray, np.ndarray, np.ndarray]:
+        *,
+        behaviour: bool = False,
+    ) -> tuple[np.ndarray | DecodeState, ...]:
         """Continue finished slots with more tokens (the next turn) and sample again.
 
         Each slot keeps its cached sequence; its last sampled token (not yet in the cache) and
         then `continuations[i]` are appended, so a multi-turn episode never re-encodes its
-        history. Same returns as `prefill`; `state` is donated.
+        history. Same returns as `prefill` (`behaviour` likewise); `state` is donated.
         """
-        return self._load(state, continuations, slots, sampling, extend=True)
+        return self._load(state, continuations, slots, sampling, extend=True, behaviour=behaviour)
 
     def _load(
         self,

@@ -1,0 +1,121 @@
+"""Agent loop at non-default decoding: each turn records the log-probs of the distribution it
+actually sampled from (`decoding.extra["sampled_logprobs"]`, the serving proxy's format), the
+loader reads them as `rollout_logp` with the transform, and the learner's transformed
+log-prob at the same weights equals them (DIS ratio 1); at temperature 1 nothing extra is
+recorded."""
+
+import functools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flax import nnx
+from rollout_testlib import (
+    NUM_ENVS,
+    env_config,
+    model,
+    model_config,
+    open_store,
+    read_batches,
+    rollout_config,
+    sampler,
+    tokenizer,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from train_factories import exact_learner_config
+
+from atdp_io import EventKind
+from atdp_io.rows import SAMPLING_KEYS
+from sao_jax.models import Transformer
+from sao_jax.rollout import AgentLoop
+from sao_jax.train import Learner
+
+TENANT = "behaviour"
+ROWS = 16  # every batch one shape: the learner compiles its log-prob function once
+
+
+@functools.cache
+def learner() -> Learner:
+    """A learner holding the rollout policy's weights, dropless like the sampler (so a token's
+    log-prob never depends on what shares its batch)."""
+    dropless = model_config().replace(capacity_factor=0.0)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(dropless, rngs=nnx.Rngs(0))))
+    policy = nnx.merge(graphdef, nnx.clone(nnx.state(model())))
+    return Learner(exact_learner_config(algorithm="grpo_dis"), policy)
+
+
+def play(tmp_path, **decoding):
+    """(episodes, the one loader batch of them) at these decoding settings."""
+    layout = decoding.pop("layout", "windowed")
+    config = rollout_config(layout=layout, **decoding)
+    loop = AgentLoop(sampler(), tokenizer(), env_config().make_envs(NUM_ENVS), config)
+    episodes = [e for g in loop.play(max_episodes=NUM_ENVS) for e in g]
+    store = open_store(tmp_path / "atdp")
+    with store.writer(TENANT) as writer:
+        writer.append([e.to_trajectory(tenant=TENANT) for e in episodes])
+    (batch,), _ = read_batches(store, TENANT, layout, rows=ROWS)
+    return episodes, batch
+
+
+def recorded(episode) -> list:
+    """Each LLM call's `decoding.extra.get("sampled_logprobs")` in the ATDP record."""
+    events = episode.to_trajectory(tenant=TENANT).events
+    return [
+        e.llm.decoding.extra.get("sampled_logprobs") for e in events if e.kind == EventKind.LLM_CALL
+    ]
+
+
+@pytest.mark.parametrize(
+    "decoding",
+    [
+        dict(temperature=0.7, top_k=5),
+        dict(top_p=0.8, layout="concat"),  # later turns extend the slot's cache
+        dict(temperature=0.0),  # greedy: a point mass, log-prob 0
+    ],
+    ids=["temperature-top_k", "top_p-concat", "greedy"],
+)
+def test_the_dis_ratio_is_one_at_the_rollout_weights(tmp_path, decoding):
+    episodes, batch = play(tmp_path, **decoding)
+    turns = [t for e in episodes for t in e.turns]
+    assert turns
+    for episode in episodes:
+        for turn, stored in zip(episode.turns, recorded(episode), strict=True):
+            assert turn.sampled_logprobs.shape == turn.output_ids.shape
+            assert isinstance(stored, list) and all(isinstance(x, float) for x in stored)
+            np.testing.assert_array_equal(np.float32(stored), turn.sampled_logprobs)
+            assert np.all(turn.sampled_logprobs <= 0)
+    assert set(SAMPLING_KEYS) <= set(batch)
+    action = batch["loss_mask"] > 0
+    assert action.sum() == sum(t.output_ids.shape[0] for t in turns)
+    recorded_logp = np.concatenate([t.sampled_logprobs for t in turns])
+    np.testing.assert_array_equal(np.sort(batch["rollout_logp"][action]), np.sort(recorded_logp))
+    temperature = decoding.get("temperature", 1.0)
+    np.testing.assert_allclose(batch["sample_temperature"][action], temperature)
+    np.testing.assert_array_equal(batch["sample_top_k"][action], decoding.get("top_k", 0))
+    np.testing.assert_allclose(batch["sample_top_p"][action], decoding.get("top_p", 1.0))
+
+    logp = learner().policy_logprobs(batch)
+    ratio = np.exp(logp - batch["rollout_logp"])
+    np.testing.assert_allclose(ratio[action], 1.0, atol=2e-4)
+    if temperature == 0:
+        np.testing.assert_array_equal(recorded_logp, 0.0)
+    # Not vacuous: the temperature-1 log-probs (what was recorded before) give another ratio.
+    plain = {k: v for k, v in batch.items() if k not in SAMPLING_KEYS}
+    raw = np.exp(learner().policy_logprobs(plain) - batch["rollout_logp"])
+    assert np.abs(raw[action] - 1).max() > 1e-2
+    temperature_1 = np.concatenate([t.output_logprobs for t in turns])
+    assert np.abs(temperature_1 - recorded_logp).max() > 1e-2
+
+
+def test_identity_decoding_records_no_sampled_logprobs(tmp_path):
+    episodes, batch = play(tmp_path)
+    for episode in episodes:
+        assert all(t.sampled_logprobs is None for t in episode.turns)
+        assert all(stored is None for stored in recorded(episode))
+    assert not set(SAMPLING_KEYS) & set(batch)
+    # The behaviour log-probs are the temperature-1 ones, and the learner agrees.
+    action = batch["loss_mask"] > 0
+    logp = learner().policy_logprobs(batch)
+    np.testing.assert_allclose(logp[action], batch["rollout_logp"][action], atol=2e-4)
