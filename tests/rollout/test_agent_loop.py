@@ -98,9 +98,9 @@ def test_concat_prefix_property_single_row_and_truncation(tmp_path, monkeypatch)
     extended = []
     extend = sampler().extend
 
-    def counting_extend(state, continuations, slots, sampling):
+    def counting_extend(state, continuations, slots, sampling, **kwargs):
         extended.extend(len(c) for c in continuations)
-        return extend(state, continuations, slots, sampling)
+        return extend(state, continuations, slots, sampling, **kwargs)
 
     monkeypatch.setattr(sampler(), "extend", counting_extend)
     config = rollout_config(layout="concat")
