@@ -21,23 +21,20 @@ per-turn TTFT and the tokens the worker encoded, the medians and the ratio uncac
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import shutil
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
-from aiohttp import web
 from tabulate import tabulate
 
 from sao_jax.config_cli import parse_cli
 from serving.common.model_source import load_served_model
-from serving.local import LocalServerConfig, create_local_server
+from serving.local import LocalServerConfig, ServerThread, create_local_server
 from serving.worker.config import WorkerConfig
 from serving.worker.service import Worker
 
@@ -64,33 +61,6 @@ class BenchConfig:
     num_slots: int = 2
     prefill_chunk: int = 2048
     out_dir: str = "/tmp/prefix_cache_bench"
-
-
-class ServerThread:
-    """The one-process server on a loopback port, in a thread with its own event loop."""
-
-    def __init__(self, app: web.Application):
-        self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(app, access_log=None)
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
-            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-            ready.set()
-            self.loop.run_forever()
-            self.loop.run_until_complete(self.runner.cleanup())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        ready.wait()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=60)
 
 
 def system_prompt(tokenizer, tag: str, tokens: int) -> list[dict]:

@@ -27,18 +27,16 @@ import multiprocessing
 import shutil
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 from tabulate import tabulate
 
 from sao_jax.config_cli import parse_cli
 from sao_jax.envs.alfworld import vocabulary
 from serving.common.model_source import load_served_model
-from serving.local import LocalServerConfig, create_local_server
+from serving.local import LocalServerConfig, ServerThread, create_local_server
 from serving.worker.config import WorkerConfig
 from serving.worker.generation import Finished, GenerationRequest
 from serving.worker.service import Worker
@@ -163,33 +161,6 @@ def http_load(url: str, keys: list[str], model: str, config: BenchConfig, concur
 
 
 # ------------------------------------------------------------------------------ server
-
-
-class ServerThread:
-    """The one-process server on a loopback port, in a thread with its own event loop."""
-
-    def __init__(self, app: web.Application):
-        self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(app, access_log=None)
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
-            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-            ready.set()
-            self.loop.run_forever()
-            self.loop.run_until_complete(self.runner.cleanup())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        ready.wait()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=60)
 
 
 def start_sessions(url: str, count: int) -> list[str]:

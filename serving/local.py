@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -250,3 +251,49 @@ def _startup_info(worker: UpstreamWorker) -> dict:
         return loop.run_until_complete(fetch())
     finally:
         loop.close()
+
+
+class ServerThread:
+    """Serves `app` on 127.0.0.1 (a free port, or `port`) from its own event-loop thread: the
+    one-process server inside a script, a notebook, a benchmark or a test. `url` once started;
+    `call(coroutine)` runs a coroutine on the server's loop; `stop()` shuts it down."""
+
+    def __init__(self, app: web.Application, port: int = 0):
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(port,), daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=300)
+        if self._error is not None:
+            raise self._error
+        if not self._ready.is_set():
+            raise TimeoutError("server did not start")
+
+    def _run(self, port: int) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5)
+        try:
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", port)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+        except BaseException as error:
+            self._error = error
+            self._ready.set()
+            return
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+
+    def call(self, coroutine, timeout: float = 120):
+        """Run a coroutine on the server's loop (e.g. to touch the parts) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=60)

@@ -3,14 +3,12 @@ call a tool, raw HTTP calls and ATDP reads."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +17,6 @@ import numpy as np
 import openai
 import optax
 import pytest
-from aiohttp import web
 from flax import nnx
 
 from atdp_io import AtdpStore
@@ -27,54 +24,9 @@ from sao_jax.models import get_model_config, init_model
 from sao_jax.models.steps import make_lm_train_step
 from serving.common.model_source import ServedModel
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
-from serving.local import LocalServerConfig, create_local_server
+from serving.local import LocalServerConfig, ServerThread, create_local_server
 from serving.worker.config import WorkerConfig
 from serving.worker.service import Worker
-
-
-class ServerThread:
-    """Serves `app` on 127.0.0.1 (a free port) from its own event loop thread."""
-
-    def __init__(self, app: web.Application, port: int = 0):
-        self.app = app
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(port,), daemon=True)
-        self._thread.start()
-        self._ready.wait(timeout=300)
-        if self._error is not None:
-            raise self._error
-        if not self._ready.is_set():
-            raise TimeoutError("server did not start")
-
-    def _run(self, port: int) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5)
-        try:
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", port)
-            self.loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]
-        except BaseException as error:
-            self._error = error
-            self._ready.set()
-            return
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
-        self.loop.close()
-
-    def call(self, coroutine, timeout: float = 120):
-        """Run a coroutine on the server's loop (e.g. to touch the parts) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=60)
-
 
 # --------------------------------------------------------------------------- shared model
 
