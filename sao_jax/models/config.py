@@ -242,25 +242,6 @@ _PRESETS: dict[str, ModelConfig] = {
         rope_theta=10_000.0,
         max_seq_len=2048,
     ),
-    # The tiny model served with a 64K-token context (`python -m serving --config tiny_64k`):
-    # agents such as Hermes Agent refuse a model that advertises less than 64K positions.
-    # Same shapes and parameters as `tiny` (RoPE positions are not truncated, so only the
-    # advertised limit differs); the worker sizes its KV cache to the requests it serves.
-    "tiny_64k": ModelConfig(
-        vocab_size=512,
-        d_model=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_token=2,
-        moe_intermediate_size=128,
-        dense_intermediate_size=512,
-        tie_embeddings=True,
-        rope_theta=10_000.0,
-        max_seq_len=65_536,
-    ),
     # A laptop/single-accelerator research size (~100M total, ~25M active parameters).
     "small": ModelConfig(
         vocab_size=32_768,
@@ -318,6 +299,12 @@ _PRESETS: dict[str, ModelConfig] = {
         param_dtype="bfloat16",
     ),
 }
+
+# The tiny model served with a 64K-token context (`python -m serving --config tiny_64k`):
+# agents such as Hermes Agent refuse a model that advertises less than 64K positions.
+# Same shapes and parameters as `tiny` (RoPE positions are not truncated, so only the
+# advertised limit differs); the worker sizes its KV cache to the requests it serves.
+_PRESETS["tiny_64k"] = dataclasses.replace(_PRESETS["tiny"], max_seq_len=65_536)
 
 
 def preset_names() -> tuple[str, ...]:
