@@ -26,7 +26,6 @@ experiment's `ModelSpec` has that field, and refuses it otherwise (the job would
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import shlex
@@ -34,10 +33,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
+from sao_jax.config_cli import ConfigError, parse_cli, split_known
 from sao_jax.distributed.mesh import HybridMeshConfig
 from sao_jax.distributed.topology import Topology, mesh_preset, parse_topology
 from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.sharding import MESH_AXES, MeshConfig
+
+PROG = "python -m experiments.launch_tpu"
 
 # Runs one step's commands at once (one per slice: they must start together) -> exit status.
 Runner = Callable[[Sequence[list[str]]], int]
@@ -57,48 +59,87 @@ def parse_axes(text: str, base: MeshConfig) -> MeshConfig:
     return dataclasses.replace(base, **changes)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.launch_tpu",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--topology", required=True, help="one slice, e.g. v5p-64, v6e-16")
-    parser.add_argument("--slices", type=int, default=1, help="slices (multi-slice over DCN)")
-    parser.add_argument("--tpu", default="sao-tpu", help="TPU VM (or queued resource) name")
-    parser.add_argument("--zone", default="us-east5-a")
-    parser.add_argument("--project", default=None, help="gcloud project (default: gcloud's)")
-    parser.add_argument("--bucket", default="gs://YOUR_BUCKET/sao_jax/run", help="gs:// prefix")
-    parser.add_argument("--experiment", default="experiments.alfworld_sao", help="module to run")
-    parser.add_argument("--config", default="small", help="the experiment's preset")
-    parser.add_argument("--model", default=None, help="model preset for --dry-run (default: "
-                        "the experiment preset's)")  # fmt: skip
-    parser.add_argument("--ici", default="", help="within-slice axis sizes, e.g. expert=4")
-    parser.add_argument("--dcn", default="", help="across-slice axis sizes, e.g. data=-1")
-    parser.add_argument("--repo", default="~/sao_jax", help="repository path on the hosts")
-    parser.add_argument("--git-url", default="https://github.com/YOUR_ORG/sao_jax.git")
-    parser.add_argument("--dry-run", action="store_true", help="memory plan only")
-    parser.add_argument("--run", action="store_true", help="execute install + start")
-    parser.add_argument("--create", action="store_true", help="with --run: also create")
-    memory = parser.add_argument_group("dry-run workload (global sizes)")
-    memory.add_argument("--train-rows", type=int, default=64)
-    memory.add_argument("--seq-len", type=int, default=1024)
-    memory.add_argument("--rollout-slots", type=int, default=256)
-    memory.add_argument("--context", type=int, default=4096)
-    memory.add_argument(
-        "--remat",
-        choices=REMAT_POLICIES,
-        default="none",
-        help="per-layer rematerialisation (ModelConfig.remat) of the plan and the job",
-    )
-    memory.add_argument(
-        "--rollout-chips",
-        type=int,
-        default=0,
-        help="disaggregated: chips per host that sample (0: rollout shares the training chips)",
-    )
-    parser.add_argument("overrides", nargs="*", help="experiment overrides, e.g. rl.rows=256")
-    return parser
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """The launcher's own settings; the line's other `key=value` items are the experiment's
+    overrides (e.g. `rl.rows=256`), passed on to the job and checked by --dry-run.
+
+    Attributes:
+      topology: one slice, e.g. v5p-64, v6e-16.
+      slices: slices (multi-slice over DCN).
+      tpu: TPU VM (or queued resource) name.
+      zone: the slice's zone.
+      project: gcloud project (none: gcloud's).
+      bucket: gs:// prefix of the run (ATDP buffer, checkpoints).
+      experiment: module to run.
+      config: the experiment's preset.
+      model: model preset for --dry-run (none: the experiment preset's).
+      ici: within-slice axis sizes, e.g. expert=4.
+      dcn: across-slice axis sizes, e.g. data=-1.
+      repo: repository path on the hosts.
+      git_url: repository to clone on the hosts.
+      dry_run: memory plan only.
+      run: execute install + start.
+      create: with --run: also create the slice(s).
+      train_rows: dry-run workload: global training rows.
+      seq_len: dry-run workload: training sequence length.
+      rollout_slots: dry-run workload: global rollout KV-cache slots.
+      context: dry-run workload: rollout context length.
+      remat: per-layer rematerialisation (ModelConfig.remat) of the plan and the job.
+      rollout_chips: disaggregated: chips per host that sample (0: rollout shares the
+        training chips).
+      overrides: the experiment's overrides (the line's items that are not the launcher's).
+    """
+
+    topology: str
+    slices: int = 1
+    tpu: str = "sao-tpu"
+    zone: str = "us-east5-a"
+    project: str | None = None
+    bucket: str = "gs://YOUR_BUCKET/sao_jax/run"
+    experiment: str = "experiments.alfworld_sao"
+    config: str = dataclasses.field(default="small", metadata={"flag": "--config"})
+    model: str | None = None
+    ici: str = ""
+    dcn: str = ""
+    repo: str = "~/sao_jax"
+    git_url: str = "https://github.com/YOUR_ORG/sao_jax.git"
+    dry_run: bool = False
+    run: bool = False
+    create: bool = False
+    train_rows: int = 64
+    seq_len: int = 1024
+    rollout_slots: int = 256
+    context: int = 4096
+    remat: str = "none"
+    rollout_chips: int = 0
+    overrides: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"--remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+
+
+def parse_launch(argv: Sequence[str]) -> LaunchConfig:
+    """The launcher's settings from its line in the one convention (`--key VALUE`, `--key=VALUE`
+    or `key=VALUE`); every other `key=value` item is an experiment override."""
+    own = [f.name for f in dataclasses.fields(LaunchConfig) if f.name != "overrides"]
+    switches = {f.name for f in dataclasses.fields(LaunchConfig) if f.type == "bool"}
+    spelled = []  # --x / --no-x as x=true / x=false: split_known takes `--key VALUE` pairs
+    for item in argv:
+        name = item.removeprefix("--").replace("-", "_")
+        if item.startswith("--") and name in switches:
+            item = f"{name}=true"
+        elif item.startswith("--no-") and name.removeprefix("no_") in switches:
+            item = f"{name.removeprefix('no_')}=false"
+        spelled.append(item)
+    found, rest = split_known(spelled, own)
+    unknown = [item for item in rest if item.startswith("-") and item not in ("-h", "--help")]
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; the launcher's options: {own}")
+    helps = [item for item in rest if item in ("-h", "--help")]
+    config = parse_cli([*found, *helps], LaunchConfig, prog=PROG, save=False, exit_on_error=False)
+    return dataclasses.replace(config, overrides=tuple(i for i in rest if i not in helps))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +209,7 @@ class Launch:
         return [self._ssh_all(node, run) for node in self.node_names()]
 
 
-def resolve(args: argparse.Namespace) -> Launch:
+def resolve(args: LaunchConfig) -> Launch:
     if not args.bucket.startswith("gs://"):
         raise ValueError(f"--bucket must be a gs:// path (shared by every host), got {args.bucket}")
     topology = parse_topology(args.topology, args.slices)
@@ -186,7 +227,7 @@ def resolve(args: argparse.Namespace) -> Launch:
     )  # fmt: skip
 
 
-def _remat_override(args: argparse.Namespace) -> tuple[str, ...]:
+def _remat_override(args: LaunchConfig) -> tuple[str, ...]:
     """`model.remat=<policy>` for the job, if its experiment's ModelSpec takes it."""
     if any(o.startswith("model.remat=") for o in args.overrides):
         return ()
@@ -202,7 +243,7 @@ def _remat_override(args: argparse.Namespace) -> tuple[str, ...]:
     return (f"model.remat={args.remat}",)
 
 
-def _experiment_config(args: argparse.Namespace):
+def _experiment_config(args: LaunchConfig):
     """The experiment's config (`--config` preset with the overrides), as the job would parse
     it; ValueError naming a bad preset or override."""
     import importlib
@@ -222,7 +263,7 @@ def _experiment_config(args: argparse.Namespace):
         raise ValueError(str(error)) from None
 
 
-def _model_config(args: argparse.Namespace):
+def _model_config(args: LaunchConfig):
     """The model preset (`--model`, else the experiment preset's), vocabulary as the preset's."""
     from sao_jax.models import get_model_config
 
@@ -232,7 +273,7 @@ def _model_config(args: argparse.Namespace):
     return get_model_config(spec.preset, **spec.overrides())
 
 
-def _learner_config(args: argparse.Namespace):
+def _learner_config(args: LaunchConfig):
     """The experiment's learner (algorithm, trainable patterns) after the overrides; the
     default learner when the experiment has no presets (a --model dry-run of another job)."""
     from sao_jax.train.config import LearnerConfig
@@ -246,7 +287,7 @@ def _learner_config(args: argparse.Namespace):
     return getattr(experiment, "learner", None) or LearnerConfig()
 
 
-def dry_run(launch: Launch, args: argparse.Namespace) -> int:
+def dry_run(launch: Launch, args: LaunchConfig) -> int:
     """Print the memory plan; 0 if it fits, 1 (with the reason) if not."""
     from sao_jax.train.algorithms import get_algorithm
     from sao_jax.train.memory import Workload, abstract_params, plan_memory
@@ -322,14 +363,14 @@ def render(commands: Sequence[list[str]]) -> str:
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
     """Print (and with --run execute through `runner`, default subprocess) the launch."""
-    parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
+        args = parse_launch(list(sys.argv[1:] if argv is None else argv))
         launch = resolve(args)
         if args.dry_run:
             return dry_run(launch, args)
-    except ValueError as error:
-        parser.exit(2, f"error: {error}\n")
+    except ValueError as error:  # ConfigError is a ValueError
+        print(f"error: {error}\n(see {PROG} --help)", file=sys.stderr)
+        raise SystemExit(2) from error
     sizes = launch.mesh.resolve(launch.topology.chips, launch.topology.num_slices)
     print(
         f"# {launch.topology.name} x {launch.topology.num_slices} slice(s): "

@@ -172,3 +172,20 @@ def test_dry_run_plans_the_critic_only_for_algorithms_that_train_one(capsys):
     with pytest.raises(SystemExit):
         main([*small, "learner.algorithm=dqn"])
     assert "unknown algorithm 'dqn'" in capsys.readouterr().err
+
+
+def test_the_launcher_reads_its_line_in_the_one_convention(capsys):
+    """`--key VALUE`, `--key=VALUE` and `key=VALUE` set the launcher's fields alike, `--no-x`
+    turns a switch off, and the other `key=value` items go to the experiment untouched."""
+    spelled = ["topology=v5p-64", "--tpu=pod", "zone=z1", "--bucket", "gs://b/run"]
+    assert main([*spelled, "--no-run", "rl.rows=256", "learner.dis.eps_low=0.2"]) == 0
+    *_, start = commands(capsys)
+    assert main([*BASE, "rl.rows=256", "learner.dis.eps_low=0.2"]) == 0
+    *_, same = commands(capsys)
+    assert start == same
+    run = shlex.split(start[start.index("--command") + 1])
+    assert run[-2:] == ["rl.rows=256", "learner.dis.eps_low=0.2"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*BASE, "--tpus", "pod"])  # a misspelt option is not an experiment override
+    assert exit_info.value.code == 2
+    assert "unknown option '--tpus'" in capsys.readouterr().err
