@@ -126,9 +126,7 @@ def test_rules_calc_then_answer_wins_and_bad_actions_are_refused():
         ("calc 2 +", "The calculator refused: the expression ends too early."),
         ("answer twelve", "The answer must be a whole number."),
     ]:
-        observation, reward, done, info = env.step(action) if not env.done else (None,) * 4
-        if observation is None:
-            break
+        observation, reward, done, info = env.step(action)
         assert expected in observation and not info["admissible"] and reward == 0.0
     assert env.done and env.steps == 5 and not info["won"]  # the step limit ended it
     env.reset(3)
@@ -224,8 +222,11 @@ def test_agent_loop_plays_random_policy_episodes_into_atdp(tmp_path, layout):
         assert episode.task == make_task("train", episode.game_index).text
         for turn in episode.turns:
             assert turn.info["task_id"] == episode.game_id  # the env's step info is kept
-            if not turn.valid_reply:  # a random policy's reply: penalised, costs a step
-                assert turn.command == "" and turn.format_reward == ROLLOUT.invalid_reply_penalty
+    # a random policy's malformed replies: penalised, each costs a step
+    invalid = [t for e in episodes for t in e.turns if not t.valid_reply]
+    assert invalid
+    assert all(t.command == "" for t in invalid)
+    assert all(t.format_reward == ROLLOUT.invalid_reply_penalty for t in invalid)
     store = open_store(tmp_path / "atdp")
     with store.writer("arith") as writer:
         writer.append([e.to_trajectory(tenant="arith") for e in episodes])
