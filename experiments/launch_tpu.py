@@ -124,16 +124,8 @@ def parse_launch(argv: Sequence[str]) -> LaunchConfig:
     """The launcher's settings from its line in the one convention (`--key VALUE`, `--key=VALUE`
     or `key=VALUE`); every other `key=value` item is an experiment override."""
     own = [f.name for f in dataclasses.fields(LaunchConfig) if f.name != "overrides"]
-    switches = {f.name for f in dataclasses.fields(LaunchConfig) if f.type == "bool"}
-    spelled = []  # --x / --no-x as x=true / x=false: split_known takes `--key VALUE` pairs
-    for item in argv:
-        name = item.removeprefix("--").replace("-", "_")
-        if item.startswith("--") and name in switches:
-            item = f"{name}=true"
-        elif item.startswith("--no-") and name.removeprefix("no_") in switches:
-            item = f"{name.removeprefix('no_')}=false"
-        spelled.append(item)
-    found, rest = split_known(spelled, own)
+    switches = [f.name for f in dataclasses.fields(LaunchConfig) if f.type == "bool"]
+    found, rest = split_known(argv, own, switches=switches)
     unknown = [item for item in rest if item.startswith("-") and item not in ("-h", "--help")]
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; the launcher's options: {own}")

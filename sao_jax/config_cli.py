@@ -210,17 +210,28 @@ def _apply(config: Any, pairs: Sequence[tuple[str, Any, str]], what: str) -> Any
     return build(node, what, config)
 
 
-def split_known(argv: Sequence[str], keys: Sequence[str]) -> tuple[list[str], list[str]]:
+def split_known(
+    argv: Sequence[str], keys: Sequence[str], *, switches: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
     """(`key=value` overrides of the given top-level keys found in `argv`, the other items).
 
     For a command that hands part of its line to another config (e.g. the multi-process
-    flags): `--key VALUE`, `--key=VALUE` and `key=VALUE` are recognised in either spelling.
+    flags): `--key VALUE`, `--key=VALUE` and `key=VALUE` are recognised in either spelling;
+    the boolean keys named in `switches` also as `--key` / `--no-key` (no value follows).
     """
     wanted = {normal_key(k) for k in keys}
+    flags = {normal_key(k) for k in switches}
     found, rest, items = [], [], list(argv)
     while items:
         item = items.pop(0)
         name, equals, text = item.removeprefix("--").partition("=")
+        if item.startswith("--") and not equals:
+            if normal_key(name) in flags:
+                found.append(f"{normal_key(name)}=true")
+                continue
+            if name.startswith(("no-", "no_")) and normal_key(name[3:]) in flags:
+                found.append(f"{normal_key(name[3:])}=false")
+                continue
         if normal_key(name) in wanted and (item.startswith("--") or equals):
             if not equals:
                 if not items:

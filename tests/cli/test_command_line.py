@@ -274,6 +274,15 @@ def test_split_known_takes_only_the_named_keys():
         split_known(["--process_id"], ["process_id"])
 
 
+def test_split_known_reads_named_switches_without_a_value():
+    argv = ["--dry-run", "--no-run", "--create=false", "rl.rows=2", "--other"]
+    found, rest = split_known(argv, ["dry_run", "run", "create"], switches=["dry_run", "run"])
+    assert found == ["dry_run=true", "run=false", "create=false"]
+    assert rest == ["rl.rows=2", "--other"]
+    with pytest.raises(ConfigError, match="--create needs a value"):
+        split_known(["--create"], ["create"])  # not named a switch: a value must follow
+
+
 @dataclasses.dataclass
 class WithOptionalPart:
     """
