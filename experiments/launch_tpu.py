@@ -117,7 +117,9 @@ class LaunchConfig:
 
     def __post_init__(self):
         if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"--remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+            raise ValueError(
+                f"--remat: invalid choice: {self.remat!r} (choose from {REMAT_POLICIES})"
+            )
 
 
 def parse_launch(argv: Sequence[str]) -> LaunchConfig:
