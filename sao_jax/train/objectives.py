@@ -108,6 +108,21 @@ class ActionPositions:
         return jnp.where(self.overflow, jnp.nan, blocks.reshape(self.num_rows, length))
 
 
+def _group_action_positions(active: jax.Array, n: int) -> jax.Array:
+    """[G, P, T] bool -> [G, n] int32: each group's first n True positions (flat, p * T + t) in
+    row-major order, then 0. A token's slot is its row's offset plus its rank in the row: two
+    short cumulative sums (over T, then over P) where one over P * T would lower, on CPU, to a
+    reduce-window of quadratic cost."""
+    groups, rows, length = active.shape
+    counts = jnp.sum(active, axis=-1, dtype=jnp.int32)  # [G, P]
+    row_offset = jnp.cumsum(counts, axis=-1) - counts
+    slot = row_offset[..., None] + jnp.cumsum(active, axis=-1, dtype=jnp.int32) - 1
+    slot = jnp.where(active & (slot < n), slot, n).reshape(groups, rows * length)
+    flat = jnp.arange(rows * length, dtype=jnp.int32)
+    scatter = lambda s: jnp.zeros((n + 1,), jnp.int32).at[s].set(flat)  # noqa: E731
+    return jax.vmap(scatter)(slot)[:, :n]
+
+
 def action_positions(mask: jax.Array, capacity: int | ActionCapacity) -> ActionPositions:
     """`ActionPositions` of the nonzero entries of an [R, T] mask.
 
@@ -124,11 +139,10 @@ def action_positions(mask: jax.Array, capacity: int | ActionCapacity) -> ActionP
     if groups < 1 or num_rows % groups:
         raise ValueError(f"{num_rows} batch rows do not split into {groups} groups of rows")
     rows_per_group = num_rows // groups
-    active = (mask != 0).reshape(groups, rows_per_group * length)
+    active = (mask != 0).reshape(groups, rows_per_group, length)
     n = min(per_group, rows_per_group * length)
-    counts = jnp.sum(active, axis=-1)
-    # each group's action positions in row-major order, then 0 (a cumulative sum, not a sort)
-    flat = jax.vmap(lambda a: jnp.nonzero(a, size=n, fill_value=0)[0])(active)
+    flat = _group_action_positions(active, n)
+    counts = jnp.sum(active, axis=(1, 2))
     valid = jnp.arange(n)[None, :] < counts[:, None]
     first_row = (jnp.arange(groups) * rows_per_group)[:, None]
     return ActionPositions(
