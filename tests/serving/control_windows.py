@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import re
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -40,6 +39,7 @@ from atdp_io import (
 from sao_jax.envs.alfworld import AlfworldEnv
 from sao_jax.envs.base import PromptOptions, tagged_reply
 from sao_jax.envs.prompted import PromptedEnv
+from serving.common.ids import opaque_id
 from serving.control.apply import MEMORY_HEADER
 
 SPLIT, SIZE, MAX_STEPS, HISTORY = "train", "small", 12, 1
@@ -132,7 +132,7 @@ def _llm(reply: str, tools: Sequence[Mapping] = ()) -> LLMCall:
 
 
 def _header(tenant: str, task: Mapping, created_at: float | None) -> TrajectoryHeader:
-    session_id = uuid.uuid4().hex
+    session_id = opaque_id()  # as the gateway names sessions (never mistaken for a secret)
     return TrajectoryHeader(
         trajectory_id=session_id,
         governance=Governance.synthetic(tenant, expires_at=None),
