@@ -43,8 +43,8 @@ server = module_server()
 
 @pytest.fixture(scope="module")
 def recorded(server):
-    """Four successful sessions of TENANT under COMPOSITE (two with a second call after the
-    tool result), read back from the store; and a control plane over the gateway's stores."""
+    """Four successful sessions of TENANT under COMPOSITE (two with a second user turn), read
+    back from the store; and a control plane over the gateway's stores."""
     thread, parts, buffer = server
     status, _ = api(thread.url, f"/rl/control/{TENANT}", {"composite": COMPOSITE}, method="PUT")
     assert status == 200
@@ -54,11 +54,9 @@ def recorded(server):
         reply = client.chat.completions.create(
             model=MODEL, messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=24
         )
-        if i % 2:
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            call_id = message.tool_calls[0].id if message.tool_calls else "call-1"
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": "12 C"})
+        if i % 2:  # the conversation goes on: the reply echoed, a new user turn
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            messages.append({"role": "user", "content": "And tomorrow?"})
             client.chat.completions.create(
                 model=MODEL, messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=8
             )
@@ -87,7 +85,8 @@ def test_the_client_conversation_is_rebuilt_and_re_rendered_token_exactly(record
         ids = served_model.tokenizer.encode_chat(shown.messages, tools=shown.tools)
         assert ids == llm_events[0].llm.input_ids.tolist()  # the very prompt the model saw
         if len(calls) == 2:
-            assert [m["role"] for m in calls[1].messages] == ["user", "assistant", "tool"]
+            assert [m["role"] for m in calls[1].messages] == ["user", "assistant", "user"]
+            assert calls[1].messages[1]["content"] == llm_events[0].action.text
         logps = scorer(served.spec, calls)
         for call, logp, event in zip(calls, logps, llm_events, strict=True):
             assert logp.shape == call.output_ids.shape and np.all(logp <= 1e-4)
