@@ -52,7 +52,10 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Estimate:
     denominator = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
+    # exact at the ends: rounding must not lift 0 successes off 0 (nor n below 1)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Estimate(p, low, high, n)
 
 
 def rate_difference(a: Estimate, b: Estimate) -> Estimate:
