@@ -118,7 +118,7 @@ def _metadata(session_id: str, version: int | None, extra: Mapping | None = None
     )
 
 
-def _llm(reply: str, tools: Sequence[Mapping] = ()) -> LLMCall:
+def llm_call(reply: str, tools: Sequence[Mapping] = ()) -> LLMCall:
     n = max(1, len(reply.split()))
     return LLMCall(
         model_id="sao-test",
@@ -164,7 +164,7 @@ def record_episode(
                             observation={"role": "user", "content": prompt},
                             metadata=_metadata(header.session_id, version)))  # fmt: skip
         events.append(Event(EventKind.LLM_CALL, ReplayClass.DETERMINISTIC,
-                            action=Action(ActionKind.MESSAGE, text=text), llm=_llm(text),
+                            action=Action(ActionKind.MESSAGE, text=text), llm=llm_call(text),
                             metadata=_metadata(header.session_id, version,
                                                {"context_rewritten": step > 0})))  # fmt: skip
         prompt, _, done, info = prompted.step(text)
@@ -208,7 +208,7 @@ def tool_episode(
               metadata=_metadata(sid, version)),
         Event(EventKind.LLM_CALL, ReplayClass.DETERMINISTIC,
               action=Action(ActionKind.TOOL_CALLS, tool_calls=(call,)),
-              llm=_llm("call", (WEATHER_TOOL,)), metadata=_metadata(sid, version)),
+              llm=llm_call("call", (WEATHER_TOOL,)), metadata=_metadata(sid, version)),
         Event(EventKind.TOOL_CALL, ReplayClass.APPROXIMATE,
               action=Action(ActionKind.TOOL_CALLS, tool_calls=(call,)),
               result=None if fails else "12 C", metadata=_metadata(sid, version, extra),

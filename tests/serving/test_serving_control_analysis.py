@@ -9,15 +9,28 @@ import time
 import pytest
 from control_windows import (
     expert_reply,
+    llm_call,
     record_episode,
     refused_reply,
+    task_spec,
     tool_episode,
     untagged_reply,
     wandering_reply,
     winnable_games,
 )
 
-from atdp_io import AtdpStore
+from atdp_io import (
+    Action,
+    ActionKind,
+    AtdpStore,
+    Event,
+    EventKind,
+    Governance,
+    Outcome,
+    ReplayClass,
+    Trajectory,
+    TrajectoryHeader,
+)
 from serving.control.analysis import EmptyWindow, analyse
 from serving.control.cli import main as control_cli
 from serving.control.facts import facts, normalized
@@ -149,3 +162,32 @@ def test_cli_analyse_prints_the_modes(window, capsys):
     assert parsed["trajectories"] == 2 and parsed["failures"] == 0
     assert control_cli(["analyse", "initech", "--buffer", str(root)]) == 1
     assert "no recorded trajectories" in capsys.readouterr().err
+
+
+def test_facts_read_the_rollout_engines_env_steps():
+    """The rollout records each turn as an llm_call (the parsed command) and the env_step it
+    caused, which says whether the reply parsed and the command was admissible."""
+
+    def turn(command, result, observation):
+        return [
+            Event(EventKind.LLM_CALL, ReplayClass.DETERMINISTIC, observation="before",
+                  action=Action(ActionKind.COMMAND, text=command), llm=llm_call(command or "x")),
+            Event(EventKind.ENV_STEP, ReplayClass.DETERMINISTIC, observation=observation,
+                  action=Action(ActionKind.COMMAND, text=command), result=result,
+                  error_class="" if not result.get("invalid_reply") else "invalid_reply"),
+        ]  # fmt: skip
+
+    events = [
+        *turn("", {"invalid_reply": True, "parse_error": "empty <action> block"}, "Nothing."),
+        *turn("fly", {"admissible": False, "invalid_reply": False}, "Nothing happens."),
+        *turn("look", {"admissible": True, "invalid_reply": False}, "You see a desk."),
+    ]
+    header = TrajectoryHeader(
+        "rollout-episode", Governance.synthetic("lab", expires_at=None), 0.0,
+        task={**task_spec(0), "max_steps": 3},
+    )  # fmt: skip
+    f = facts(Trajectory(header, tuple(events), Outcome(success=False)))
+    assert f.format_errors == ("empty <action> block",)
+    assert f.refused == (("fly", "Nothing happens."),)
+    assert f.actions == ("", "fly", "look") and f.final_state == "step_limit"
+    assert f.errors == () and f.version is None and f.resettable
