@@ -1,4 +1,4 @@
-"""`python -m serving.control status|history|diff|promote|rollback TENANT ...`.
+"""`python -m serving.control status|history|diff|promote|rollback|canary|analyse|audit TENANT`.
 
 Talks to a running gateway's admin routes (`--url http://host:port`, admin key from
 `--admin-key` or SAO_ADMIN_KEY), or, with the gateway stopped, to the store directly
@@ -11,6 +11,11 @@ overwritten.
 - promote: a composite JSON file (the parts policy, harness, memory, tools, governance)
   becomes the next version.
 - rollback: the next version restores an earlier version's content.
+- canary: show the tenant's canary; `--share S` serves its newest version to that share of
+  sessions; `--stop` ends it (`--no-keep`: rolling back to the baseline).
+- analyse: failure modes of a window of the tenant's trajectories (`--buffer`: the ATDP store),
+  and success by composite version.
+- audit: the control plane's decision log (gate results, decisions, promotions, rollbacks).
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from tabulate import tabulate
 from sao_jax.config_cli import parse_command
 from serving.common.client import BlockingClient
 from serving.common.errors import ApiError
+from serving.control.canary import CanaryBook
+from serving.control.cli_reports import report_main
 from serving.control.composite import CompositeError
+from serving.control.deploy import finish_canary
 from serving.control.store import CompositeStore, ControlError
 
 
@@ -102,12 +110,79 @@ class Rollback(_Target):
     reason: str = ""
 
 
+@dataclasses.dataclass(kw_only=True)
+class CanaryCommand(_Target):
+    """show, start (--share) or stop (--stop) the tenant's canary
+
+    Attributes:
+      share: start a canary: serve the newest version to this share of sessions, in (0, 1).
+      baseline: the version the other sessions get (default: the newest's parent).
+      stop: end the running canary.
+      keep: with --stop: keep the newest version for everyone (--no-keep: roll back to the
+        baseline).
+      reason: why (kept in the audit log).
+    """
+
+    share: float | None = None
+    baseline: int | None = None
+    stop: bool = False
+    keep: bool = True
+    reason: str = ""
+
+
+@dataclasses.dataclass(kw_only=True)
+class Analyse:
+    """failure modes of a window of the tenant's trajectories
+
+    Attributes:
+      tenant: whose trajectories.
+      buffer: the ATDP store the gateway records into (its --buffer).
+      since: only trajectories created at or after this unix time.
+      until: only trajectories created before this unix time.
+      versions: only trajectories served by these composite versions (comma-separated).
+      limit: only the newest N.
+      examples: example trajectory ids per mode.
+      json: print JSON instead of text.
+    """
+
+    tenant: str = dataclasses.field(metadata={"positional": True})
+    buffer: str
+    since: float | None = None
+    until: float | None = None
+    versions: tuple[int, ...] | None = None
+    limit: int | None = None
+    examples: int = 3
+    json: bool = False
+
+
+@dataclasses.dataclass(kw_only=True)
+class Audit:
+    """the control plane's decision log of a tenant
+
+    Attributes:
+      tenant: whose entries.
+      store: the composites directory (STATE_DIR/composites) holding decisions.jsonl.
+      event: only entries of this event (gate, decision, promote, refused, watch, ...).
+      last: only the last N entries.
+      json: print JSON lines instead of a table.
+    """
+
+    tenant: str = dataclasses.field(metadata={"positional": True})
+    store: str
+    event: str | None = None
+    last: int | None = None
+    json: bool = False
+
+
 COMMANDS = {
     "status": Status,
     "history": History,
     "diff": Diff,
     "promote": Promote,
     "rollback": Rollback,
+    "canary": CanaryCommand,
+    "analyse": Analyse,
+    "audit": Audit,
 }
 
 
@@ -134,12 +209,23 @@ class _Gateway:
     def rollback(self, version: int, reason: str) -> dict:
         return self.client.call(self.path + "/rollback", {"version": version, "reason": reason})
 
+    def canary(self) -> dict | None:
+        return self.client.call(self.path + "/canary")["canary"]
+
+    def start_canary(self, share: float, baseline: int | None, reason: str) -> dict:
+        body = {"share": share, "baseline": baseline, "reason": reason}
+        return self.client.call(self.path + "/canary", body, method="PUT")
+
+    def stop_canary(self, keep: bool, reason: str) -> dict:
+        return self.client.call(self.path + "/canary/stop", {"keep": keep, "reason": reason})
+
 
 class _Store:
     """The store itself (a stopped gateway's STATE_DIR/composites)."""
 
     def __init__(self, root: str, tenant: str):
         self.store, self.tenant = CompositeStore(root), tenant
+        self.canaries = CanaryBook(self.store)
 
     def current(self) -> dict:
         return self.store.current(self.tenant).to_json()
@@ -156,6 +242,17 @@ class _Store:
 
     def rollback(self, version: int, reason: str) -> dict:
         return self.store.rollback(self.tenant, version, reason=reason).to_json()
+
+    def canary(self) -> dict | None:
+        running = self.canaries.get(self.tenant)
+        return None if running is None else running.to_json()
+
+    def start_canary(self, share: float, baseline: int | None, reason: str) -> dict:
+        return self.canaries.start(self.tenant, share=share, baseline=baseline).to_json()
+
+    def stop_canary(self, keep: bool, reason: str) -> dict:
+        made = finish_canary(self.store, self.canaries, self.tenant, keep=keep, reason=reason)
+        return made.to_json()
 
 
 def _when(created_at: float) -> str:
@@ -186,6 +283,12 @@ def _run(command: str, args, target) -> Any:
         return target.history()
     if command == "diff":
         return target.diff(args.old, args.new)
+    if command == "canary":
+        if args.stop:
+            return target.stop_canary(args.keep, args.reason)
+        if args.share is not None:
+            return target.start_canary(args.share, args.baseline, args.reason)
+        return {"canary": target.canary()}
     if command == "promote":
         try:
             with open(args.file, encoding="utf-8") as f:
@@ -197,7 +300,17 @@ def _run(command: str, args, target) -> Any:
 
 
 def _print(command: str, result: Any) -> None:
-    if command == "history":
+    if command == "canary" and "canary" in result:
+        running = result["canary"]
+        print(
+            "no canary running"
+            if running is None
+            else f"canary: version {running['version']} serves {running['share']:.0%} of "
+            f"sessions, version {running['baseline']} the rest (salt {running['salt']!r})"
+        )
+    elif command == "canary" and "share" in result:
+        print(f"canary started: version {result['version']} for {result['share']:.0%} of sessions")
+    elif command == "history":
         print(tabulate([_summary(c) for c in result], headers="keys") if result else "no versions")
     elif command == "diff":
         changed = result["changed"]
@@ -222,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, args = parse_command(
         argv, COMMANDS, prog="python -m serving.control", description=__doc__.split("\n")[0]
     )
+    if command in ("analyse", "audit"):
+        return report_main(command, args)
     if (args.url is None) == (args.store is None):
         print(
             "error: give exactly one of --url (a gateway) and --store (a directory)",

@@ -37,6 +37,7 @@ from serving.common.ids import session_of
 from serving.common.metrics import metrics_handler
 from serving.common.openai_requests import parse_chat_request, parse_completion_request
 from serving.common.responses_requests import parse_responses_request
+from serving.control.canary import CanaryBook
 from serving.control.store import CompositeStore
 from serving.gateway.audit import GatewayAudit
 from serving.gateway.auth import Principal, authenticate, owned_session, require_admin
@@ -448,6 +449,7 @@ def create_app(
         TenantDirectory.from_file(config.tenants) if config.tenants else TenantDirectory.open()
     )
     sessions = SessionTable(config.state_dir)
+    composites = CompositeStore(Path(config.state_dir) / "composites")
     gateway = Gateway(
         config,
         tenants=tenants,
@@ -457,7 +459,8 @@ def create_app(
         proxy_client=proxy_client,
         worker_client=worker_client,
         registry=registry,
-        composites=CompositeStore(Path(config.state_dir) / "composites"),
+        composites=composites,
+        canaries=CanaryBook(composites),
     )
     app[GATEWAY] = gateway
     audit = GatewayAudit(config.state_dir)

@@ -6,12 +6,18 @@
     GET  /rl/control/{tenant}/diff?from=A&to=B     what changed from version A to B
     PUT  /rl/control/{tenant}  {"composite": {parts}, "reason"?, "expected_version"?}
     POST /rl/control/{tenant}/rollback  {"version", "reason"?}
+    GET  /rl/control/{tenant}/canary               the running canary ({"canary": null}: none)
+    PUT  /rl/control/{tenant}/canary  {"share", "version"?, "baseline"?, "salt"?, "reason"?}
+    POST /rl/control/{tenant}/canary/stop  {"keep": true | false, "reason"?}
 
-All need the admin key. The two writes are audited in the gateway's audit log
+All need the admin key. The writes are audited in the gateway's audit log
 (`<state_dir>/audit.jsonl`), refused ones included, with the version they made. A malformed
 composite is a 400 naming the field, an unknown version a 404, a put whose expected_version is
-no longer current a 409; none of them changes the history. The next completion of the tenant
-uses the new version.
+no longer current a 409, a canary that conflicts (one already running, none to stop, a version
+that is not the newest) a 409; none of them changes the history. The next completion of the
+tenant uses the new version. A canary serves the tenant's newest version to `share` of its
+sessions (a hash of the session id) and `baseline` (default: the newest's parent) to the
+others; stopping it with `keep` false rolls back to the baseline (serving/control/canary.py).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from typing import Any
 from aiohttp import web
 
 from serving.common.errors import ApiError, bad_request, read_json_object
+from serving.control.canary import CanaryError
 from serving.control.composite import CompositeError
+from serving.control.deploy import finish_canary
 from serving.control.store import (
     CompositeStore,
     ControlError,
@@ -45,6 +53,8 @@ def _api_error(error: Exception) -> ApiError:
         return ApiError(409, str(error), param="expected_version", code="version_conflict")
     if isinstance(error, InvalidTenant):
         return ApiError(400, str(error), param="tenant")
+    if isinstance(error, CanaryError):
+        return ApiError(409, str(error), code="canary_conflict")
     raise error
 
 
@@ -150,9 +160,45 @@ def add_control_routes(app: web.Application, gateway_key, audit_key, principal) 
 
         return await audited(request, "rollback", write)
 
+    async def canary(request: web.Request) -> web.Response:
+        store_for(request)
+        tenant = request.match_info["tenant"]
+        running = await run(request.app[gateway_key].canaries.get, tenant)
+        return web.json_response({"canary": None if running is None else running.to_json()})
+
+    async def start_canary(request: web.Request) -> web.Response:
+        async def write(store: CompositeStore, tenant: str, body: dict, reason: str):
+            share = body.get("share")
+            if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+                raise bad_request("'share' must be a number in (0, 1)", param="share")
+            optional = {}
+            for name in ("version", "baseline"):
+                if body.get(name) is not None:
+                    optional[name] = _version(body[name], name)
+            salt = body.get("salt")
+            if salt is not None and (not isinstance(salt, str) or not salt):
+                raise bad_request("'salt' must be a non-empty string", param="salt")
+            book = request.app[gateway_key].canaries
+            return await run(book.start, tenant, share=float(share), salt=salt, **optional)
+
+        return await audited(request, "canary_start", write)
+
+    async def stop_canary(request: web.Request) -> web.Response:
+        async def write(store: CompositeStore, tenant: str, body: dict, reason: str):
+            keep = body.get("keep", True)
+            if not isinstance(keep, bool):
+                raise bad_request("'keep' must be true or false", param="keep")
+            book = request.app[gateway_key].canaries
+            return await run(finish_canary, store, book, tenant, keep=keep, reason=reason)
+
+        return await audited(request, "canary_stop", write)
+
     app.router.add_get(PREFIX, current)
     app.router.add_put(PREFIX, put)
     app.router.add_get(PREFIX + "/history", history)
     app.router.add_get(PREFIX + "/versions/{version}", version)
     app.router.add_get(PREFIX + "/diff", diff)
     app.router.add_post(PREFIX + "/rollback", rollback)
+    app.router.add_get(PREFIX + "/canary", canary)
+    app.router.add_put(PREFIX + "/canary", start_canary)
+    app.router.add_post(PREFIX + "/canary/stop", stop_canary)

@@ -21,6 +21,7 @@ from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
 from serving.common.openai_requests import ChatRequest, CompletionRequest
 from serving.common.responses_requests import ResponsesRequest, with_history
 from serving.control.apply import apply_chat
+from serving.control.canary import CanaryBook
 from serving.control.store import CompositeStore
 from serving.gateway import responses_api
 from serving.gateway.auth import Principal
@@ -69,9 +70,11 @@ class Gateway:
         worker_client: Callable[[str], WorkerClient],
         registry: CollectorRegistry | None = None,
         composites: CompositeStore | None = None,
+        canaries: CanaryBook | None = None,
     ):
         self.config = config
         self.composites = composites  # each tenant's composite policy (serving/control)
+        self.canaries = canaries  # a tenant's newest version served to a share of sessions
         self.tenants = tenants
         self.sessions = sessions
         self.router = router
@@ -150,8 +153,13 @@ class Gateway:
     ) -> dict[str, Any] | AsyncIterator[bytes]:
         """Run a chat / text completion on the caller's data proxy (body or SSE bytes)."""
         await self.check_model(request.model)
-        request, composite = await self._with_composite(principal, request)
         call, ephemeral = await self._call_context(principal)
+        try:
+            request, composite = await self._with_composite(principal, request, call.session_id)
+        except BaseException:
+            if ephemeral:
+                await self.router.release(call.session_id)
+            raise
         call = dataclasses.replace(call, composite=composite)
         self._admit()
         released = False
@@ -175,14 +183,19 @@ class Gateway:
                     await self.router.release(call.session_id)
 
     async def _with_composite(
-        self, principal: Principal, request: ChatRequest | CompletionRequest
+        self, principal: Principal, request: ChatRequest | CompletionRequest, session_id: str
     ) -> tuple[ChatRequest | CompletionRequest, dict[str, Any] | None]:
-        """(the request as the model sees it under the caller's tenant's composite policy,
-        the composite's attribution). Legacy completions' prompts are sent as given; their
-        events still name the composite in force."""
+        """(the request as the model sees it under the composite policy serving this session
+        of the caller's tenant, the composite's attribution). During a canary that is the
+        canary's candidate or its baseline, by a hash of the session id. Legacy completions'
+        prompts are sent as given; their events still name the composite in force."""
         if self.composites is None or principal.tenant is None:
             return request, None
-        composite = self.composites.current(principal.tenant.name)
+        tenant = principal.tenant.name
+        if self.canaries is not None:
+            composite = self.canaries.serving(tenant, session_id)
+        else:
+            composite = self.composites.current(tenant)
         attribution = composite.attribution()
         if composite.version == 0 or not isinstance(request, ChatRequest):
             return request, attribution
