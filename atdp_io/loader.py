@@ -9,9 +9,10 @@ Two sources, one batcher (see pipeline.py):
 Trajectories are read in groups (one TensorStore batch per group), laid out as rows (rows.py)
 and packed into `[rows, seq_len]` batches without ever splitting a trajectory, nor, with
 `LoaderConfig.group_by`, a group of trajectories committed together (groups.py). Iterators are
-checkpointable (`get_state` / `set_state`). Calls sampled under a grammar mask (forced tool
-calls, JSON output) need the loader's `grammar_replay` to rebuild their masks; a trajectory
-whose grammar does not replay is skipped (logged, counted), the others load. Governance is enforced at read time from the index:
+checkpointable (`get_state` / `set_state`). Calls sampled under a token mask (forced tool
+calls, JSON output, thinking budgets) need the loader's `mask_replay` to rebuild their masks;
+a trajectory whose masks do not replay is skipped (logged, counted), the others load.
+Governance is enforced at read time from the index:
 an ineligible, consent-withdrawn, expired or purged trajectory is never even read (the training
 readers underneath refuse one anyway), and a batch is re-checked against purges, expiry and
 governance updates just before it leaves.
@@ -47,11 +48,12 @@ class AtdpLoader:
     staleness filter); `clock()` gives the time for retention checks. `shard`: the default
     shard of `epoch` / `stream` (None: one per JAX process; `ShardOptions(0, 1)` reads every
     trajectory, e.g. when each process of a job reads a tenant of its own).
-    `grammar_replay`: an `atdp_io.grammar_masks.GrammarReplay` (the served tokenizer and the
-    model's vocabulary size) that rebuilds the masks of calls sampled under a grammar, so they
-    train with the exact masked ratio; without one such a call raises a ValueError naming it.
-    A trajectory whose recorded grammar does not replay over its tokens is skipped (counted
-    as `dropped_bad_constraint`, the error naming the call logged); it stays stored.
+    `mask_replay`: an `atdp_io.mask_replay.MaskReplay` (the served tokenizer and the
+    model's vocabulary size) that rebuilds the masks of calls sampled under a grammar or a
+    thinking budget, so they train with the exact masked ratio; without one such a call
+    raises a ValueError naming it. A trajectory whose recorded grammar does not replay over
+    its tokens is skipped (counted as `dropped_bad_constraint`, the error naming the call
+    logged); it stays stored.
     """
 
     def __init__(
@@ -64,7 +66,7 @@ class AtdpLoader:
         current_version: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.time,
         shard: grain.sharding.ShardOptions | None = None,
-        grammar_replay=None,
+        mask_replay=None,
     ):
         if not tenants:
             raise ValueError("AtdpLoader: give at least one tenant")
@@ -73,7 +75,7 @@ class AtdpLoader:
         self.current_version = current_version
         self._clock = clock
         self._shard = shard
-        self.grammar_replay = grammar_replay
+        self.mask_replay = mask_replay
         # Opening a reader checks (and audits) the principal's right to each partition up front.
         self.readers = {
             t: store.reader(
@@ -176,9 +178,9 @@ class AtdpLoader:
             view = views.get(key)
             if view is None:
                 continue  # purged while being read
-            if self.grammar_replay is not None:
+            if self.mask_replay is not None:
                 try:
-                    view = self.grammar_replay.view(view)
+                    view = self.mask_replay.view(view)
                 except ConstraintReplayError as error:
                     self.stats.add("dropped_bad_constraint")
                     logger.warning("%s; trajectory skipped (it stays stored)", error)

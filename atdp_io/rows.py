@@ -11,9 +11,10 @@ Behaviour log-probs (`rollout_logp`): a call's `decoding.extra["sampled_logprobs
 distribution actually sampled) when recorded, else its temperature-1 `output_logprobs`; a call
 that recorded them under a transform (temperature, top-k, top-p) also carries that transform
 per token (`SAMPLING_KEYS`), so the learner can take its log-probs the same way. A call
-sampled under a grammar mask (`decoding.extra["grammar"]`, forced tool calls and JSON output)
-carries its masks once `atdp_io.grammar_masks.GrammarReplay` rebuilt them (`LLMTurn.masks`):
-its forced tokens leave the loss mask, the others carry their mask (`atdp_io.token_masks`).
+sampled under a token mask (`decoding.extra["grammar"]`: forced tool calls and JSON output;
+`decoding.extra["think_budget"]`) carries its masks once `atdp_io.mask_replay.MaskReplay`
+rebuilt them (`LLMTurn.masks`): its forced tokens leave the loss mask, the others carry their
+mask (`atdp_io.token_masks`).
 
 Rewards land on the last output token of the LLM call they belong to: an event's own rewards and
 late rewards go to the nearest LLM call at or before the event they point at (late rewards for
@@ -62,9 +63,9 @@ class LLMTurn(NamedTuple):
     `behaviour_logprobs [N]`: log-probs under the distribution actually sampled (the call's
     `decoding.extra["sampled_logprobs"]`), None when not recorded (then `output_logprobs`, at
     temperature 1, are the behaviour). `sampling`: the transform those behaviour log-probs are
-    under, None for the plain temperature-1 distribution. `constraint`: the grammar the call
-    was sampled under (with recorded behaviour log-probs only), None when free; `masks`: its
-    masks, once rebuilt (`atdp_io.grammar_masks`).
+    under, None for the plain temperature-1 distribution. `constraint`: the grammar or
+    thinking budget the call was sampled under (with recorded behaviour log-probs only), None
+    when free; `masks`: its masks, once rebuilt (`atdp_io.mask_replay`).
     """
 
     event_index: int
@@ -287,15 +288,15 @@ def _empty_row(tokens: np.ndarray, turn: int) -> Row:
 def _place_output(row: Row, start: int, turn: LLMTurn, reward: float, where: str) -> Row:
     """Writes the call's output into `row` (in place); returns the row, replaced by a copy that
     carries sampling (and mask) arrays when this call is the first of the row with a transform
-    (a grammar mask). Forced tokens leave the loss mask (`atdp_io.token_masks`)."""
+    (a token mask). Forced tokens leave the loss mask (`atdp_io.token_masks`)."""
     end = start + turn.output_ids.shape[0]
     loss_mask = turn.loss_mask
     if turn.constraint is not None:
         if turn.masks is None:
             raise ValueError(
-                f"{where}: the call was sampled under a grammar mask (decoding.extra.grammar); "
-                "rebuild its masks first (atdp_io.grammar_masks.GrammarReplay; the loader: "
-                "AtdpLoader(grammar_replay=...)) so it trains with the masked ratio"
+                f"{where}: the call was sampled under a token mask (decoding.extra.grammar or "
+                "think_budget); rebuild its masks first (atdp_io.mask_replay.MaskReplay; the loader: "
+                "AtdpLoader(mask_replay=...)) so it trains with the masked ratio"
             )
         loss_mask = np.where(turn.masks.forced, 0, loss_mask).astype(loss_mask.dtype)
         if turn.masks.table.shape[0]:

@@ -1,10 +1,10 @@
 """Token masks of constrained LLM calls, as training data. Pure numpy, no I/O.
 
-A call served under an output grammar (forced tool call, JSON output) drew each token from
-the policy restricted to the ids the grammar allowed at that point: the same transform
-(temperature, top-k, top-p) applied to logits with the other ids at -inf. For the learner's
-ratio to equal the sampler's, it must apply the same allowed set at each of those tokens.
-`atdp_io.grammar_replay` rebuilds the sets from the recorded grammar; this module holds them.
+A call served under an output grammar (forced tool call, JSON output) or a thinking budget
+drew each token from the policy restricted to the ids allowed at that point: the same
+transform (temperature, top-k, top-p) applied to logits with the other ids at -inf. For the
+learner's ratio to equal the sampler's, it must apply the same allowed set at each of those
+tokens. `atdp_io.mask_replay` rebuilds the sets from the recorded call; this module holds them.
 
 Per call (`CallMasks`), each output token is either
 - **forced**: the grammar allowed exactly one id (tags, keys, punctuation, the stop token
@@ -12,7 +12,8 @@ Per call (`CallMasks`), each output token is either
   1 by construction. The rows leave it out of `loss_mask` (like a tool result): it is not a
   decision of the policy, and counting it would only dilute the token-mean loss by however
   much boilerplate the grammar forces.
-- **masked**: an index into the call's table of distinct bitmasks.
+- **masked**: an index into the call's table of distinct bitmasks;
+- **free**: no mask applied (a thinking budget not reached).
 
 In a batch (`pack_masks`, keys `MASK_KEYS`): `mask_index [R, T] int32` (the token's mask in
 its row's table, -1: unmasked) and `mask_table [R, M, W] int32` (row r's distinct masks;
@@ -28,7 +29,7 @@ the batch axis, compacted and gathered across hosts like the other [R, ...] keys
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,26 +44,34 @@ class ConstraintReplayError(ValueError):
 
 class CallConstraint(NamedTuple):
     """What a constrained call's masks are rebuilt from: its grammar (Lark, llguidance's
-    dialect) and the stop ids it ended on (allowed once the grammar is complete)."""
+    dialect; None: none), the stop ids it ended on (allowed once the grammar is complete) and
+    its thinking budget (tokens between <think> and </think>; None: unlimited). A grammar
+    takes precedence over the budget, as in the worker."""
 
-    grammar: str
+    grammar: str | None
     stop_ids: tuple[int, ...]
+    think_budget: int | None = None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def call_constraint(extra: Mapping[str, Any], where: str) -> CallConstraint | None:
-    """The `CallConstraint` of a call's `decoding.extra` (None without a grammar). Raises
-    ValueError naming `where` when `grammar` or `stop_token_ids` is malformed."""
-    grammar = extra.get("grammar")
-    if grammar is None:
+    """The `CallConstraint` of a call's `decoding.extra` (None without a grammar or a
+    thinking budget). Raises ValueError naming `where` when `grammar`, `stop_token_ids` or
+    `think_budget` is malformed."""
+    grammar, budget = extra.get("grammar"), extra.get("think_budget")
+    if grammar is None and budget is None:
         return None
-    if not isinstance(grammar, str) or not grammar:
+    if grammar is not None and (not isinstance(grammar, str) or not grammar):
         raise ValueError(f"{where}: llm.decoding.extra.grammar must be a non-empty string")
+    if budget is not None and not _is_id(budget):
+        raise ValueError(f"{where}: llm.decoding.extra.think_budget must be an int >= 0")
     stops = extra.get("stop_token_ids", ())
-    if not isinstance(stops, Sequence) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stops
-    ):
+    if not isinstance(stops, Sequence) or not all(_is_id(t) for t in stops):
         raise ValueError(f"{where}: llm.decoding.extra.stop_token_ids must be a list of ids >= 0")
-    return CallConstraint(grammar, tuple(stops))
+    return CallConstraint(grammar, tuple(stops), budget)
 
 
 class MaskInterner:
@@ -88,21 +97,46 @@ class MaskInterner:
 
 class CallMasks(NamedTuple):
     """The masks of one call's N output tokens: `forced [N] bool` (one allowed id),
-    `index [N] int32` (row of `table` holding the token's mask, -1 on forced tokens) and
-    `table [M, W] int32` (the call's distinct masks of more than one id)."""
+    `index [N] int32` (row of `table` holding the token's mask, -1 on forced and free tokens)
+    and `table [M, W] int32` (the call's distinct masks of more than one id)."""
 
     forced: np.ndarray
     index: np.ndarray
     table: np.ndarray
 
 
-def allowed_count(mask: np.ndarray) -> int:
-    """Ids a bitmask [W] int32 allows."""
-    return int(np.unpackbits(mask.view(np.uint8)).sum())
+def allowed_count(mask: np.ndarray, vocab: int | None = None) -> int:
+    """Ids below `vocab` (None: all) a bitmask [W] int32 allows."""
+    return int(np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab].sum())
 
 
 def allows(mask: np.ndarray, token: int) -> bool:
     return bool((int(mask[token // 32]) >> (token % 32)) & 1)
+
+
+def collect_masks(
+    steps: Iterable[tuple[int, np.ndarray | None]], n: int, vocab: int, where: str, source: str
+) -> CallMasks:
+    """`CallMasks` of a call's `n` output tokens from `(token, mask applied before it or
+    None)` per token, in order. A mask allowing nothing allows every id (the sampler's rule),
+    so it is free. Raises `ConstraintReplayError` naming `where` and `source` (what the masks
+    come from) at the first token outside its mask."""
+    interner = MaskInterner((vocab + 31) // 32)
+    forced, index = np.zeros(n, bool), np.full(n, -1, np.int32)
+    for i, (token, mask) in enumerate(steps):
+        if mask is None:
+            continue
+        if not 0 <= token < vocab or not allows(mask, token):
+            raise ConstraintReplayError(
+                f"{where}: output token {i} (id {token}) is outside the mask of the recorded "
+                f"{source} (a {source}, tokenizer or vocabulary other than the served ones?)"
+            )
+        count = allowed_count(mask, vocab)
+        if count == 1:
+            forced[i] = True
+        elif count:
+            index[i] = interner.add(mask)
+    return CallMasks(forced, index, interner.table())
 
 
 def merge_into(interner: MaskInterner, call: CallMasks) -> np.ndarray:

@@ -184,7 +184,7 @@ def _sampled_logprobs(
         if table.shape[-1] != (vocab + 31) // 32:
             raise ValueError(
                 f"mask_table holds {table.shape[-1]}-word bitmasks; the policy's {vocab}-id "
-                f"vocabulary needs {(vocab + 31) // 32} (GrammarReplay's vocab_size must be the "
+                f"vocabulary needs {(vocab + 31) // 32} (MaskReplay's vocab_size must be the "
                 "model's)"
             )
         masks = dict(mask_index=at_actions(batch["mask_index"]), mask_table=table)

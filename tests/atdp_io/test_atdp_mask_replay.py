@@ -1,8 +1,10 @@
-"""Grammar masks of constrained calls, from the recorded grammar to batches: the replay
-rebuilds the serving worker's masks bit for bit (real llguidance, the tiny tokenizer, the
-proxy's own grammars), rows leave forced tokens out of the loss and carry each distinct mask
-once, and a grammar that does not accept its tokens is named and skipped, the rest loading."""
+"""Token masks of constrained calls, from the record to batches: the replay rebuilds the
+serving worker's masks bit for bit (grammars: real llguidance, the tiny tokenizer, the proxy's
+own grammars; thinking budgets: the worker's own `Slot`), rows leave forced tokens out of the
+loss and carry each distinct mask once, and a grammar that does not accept its tokens is named
+and skipped, the rest loading."""
 
+import asyncio
 import dataclasses
 import logging
 
@@ -13,21 +15,30 @@ from atdp_factories import NOW, env_event, llm_event
 
 from atdp_io import AtdpStore, Outcome, Trajectory, TrajectoryHeader, trained_on
 from atdp_io.governance import Governance
-from atdp_io.grammar_masks import GrammarReplay
 from atdp_io.loader import AtdpLoader, LoaderConfig
-from atdp_io.rows import SAMPLING_KEYS, pack_batch, training_view, trajectory_rows
+from atdp_io.mask_replay import MaskReplay
+from atdp_io.rows import (
+    SAMPLING_KEYS,
+    LLMTurn,
+    TrainingView,
+    pack_batch,
+    training_view,
+    trajectory_rows,
+)
 from atdp_io.schema import DecodingParams
 from atdp_io.token_masks import MASK_KEYS, ConstraintReplayError, allowed_count, call_constraint
 from serving.common.openai_requests import parse_chat_request
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
 from serving.proxy.grammars import output_grammar
 from serving.worker.constraints import GrammarCompiler
+from serving.worker.generation import GenerationHandle, GenerationRequest, TextTracker
+from serving.worker.slots import Slot
 
 TOKENIZER = build_tiny_tokenizer()
 VOCAB = TOKENIZER.vocab_size
 STOPS = tuple(TOKENIZER.stop_ids)
 WORKER = GrammarCompiler(TOKENIZER.backend.to_str(), VOCAB, STOPS)
-REPLAY = GrammarReplay.from_tokenizer(TOKENIZER, VOCAB)
+REPLAY = MaskReplay.from_tokenizer(TOKENIZER, VOCAB)
 LAMP = {
     "type": "function",
     "function": {
@@ -84,7 +95,7 @@ def walk(grammar: str, seed: int, limit: int = 48) -> tuple[list[int], list[np.n
 def test_the_replay_rebuilds_the_worker_masks_bit_for_bit(name, seed):
     ids, worker_masks = walk(GRAMMARS[name], seed)
     constraint = call_constraint({"grammar": GRAMMARS[name], "stop_token_ids": list(STOPS)}, "t")
-    masks = REPLAY.call_masks(constraint, np.asarray(ids, np.int32), "t")
+    masks = REPLAY.grammar_masks(constraint, np.asarray(ids, np.int32), "t")
     for i, worker in enumerate(worker_masks):
         if allowed_count(worker) == 1:
             assert masks.forced[i] and masks.index[i] == -1
@@ -174,7 +185,7 @@ def test_rows_leave_forced_tokens_out_and_carry_each_mask(layout):
 
 def test_without_a_replay_a_constrained_call_is_refused_by_name():
     view = training_view(_constrained("c", [None, GRAMMARS["named"]], seed=4))
-    with pytest.raises(ValueError, match=r"trajectory 'c' event 2: .*grammar mask.*GrammarReplay"):
+    with pytest.raises(ValueError, match=r"trajectory 'c' event 2: .*token mask.*MaskReplay"):
         trajectory_rows(view, "windowed")
 
 
@@ -201,7 +212,7 @@ def test_a_grammar_that_refuses_the_tokens_is_named_and_the_rest_loads(tmp_path,
     with store.writer("acme") as writer:
         writer.append([good, bad, broken, other])
     config = LoaderConfig(rows=8, seq_len=512, layout="windowed")
-    loader = AtdpLoader(store, ["acme"], principal="acme", config=config, grammar_replay=REPLAY)
+    loader = AtdpLoader(store, ["acme"], principal="acme", config=config, mask_replay=REPLAY)
     with caplog.at_level(logging.WARNING, logger="atdp_io.loader"):
         batches = list(loader.epoch(shard=grain.sharding.ShardOptions(0, 1), shuffle=False))
     refs = [ref for batch in batches for ref in batch[trained_on.BATCH_KEY] if ref.any()]
@@ -221,3 +232,71 @@ def test_a_grammar_that_refuses_the_tokens_is_named_and_the_rest_loads(tmp_path,
     np.testing.assert_array_equal(stored.output_ids, bad.events[2].llm.output_ids)
     with pytest.raises(ConstraintReplayError, match="'bad' event 2"):
         REPLAY.view(reader.read_training_views([reader.entry("bad")])[0])
+
+
+THINK = tuple(TOKENIZER.backend.token_to_id(tag) for tag in ("<think>", "</think>"))
+WORDS = (VOCAB + 31) // 32
+
+
+def budget_walk(prompt, budget: int, seed: int, limit: int = 40):
+    """A reply drawn under the worker's own thinking-budget masks (a real `Slot`), leaning
+    towards the tags so the budget is reached: (its ids, the worker's mask or None before
+    each)."""
+    request = GenerationRequest(input_ids=tuple(prompt), max_tokens=limit, think_budget=budget)
+    loop = asyncio.new_event_loop()
+    stops = frozenset(STOPS)
+    slot = Slot(
+        GenerationHandle(request, loop), stops, TextTracker(TOKENIZER, (), stops), admitted_at=0
+    )
+    if budget is not None:  # as the engine admits it
+        slot.start_budget(THINK)
+    rng, ids, masks = np.random.default_rng(seed), [], []
+    while slot.finish is None:
+        mask = slot.next_mask(WORDS)
+        allowed = np.ones(VOCAB, bool)
+        if mask is not None:
+            allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[:VOCAB].astype(bool)
+        allowed[list(STOPS)] = allowed.sum() == 1 and allowed[list(STOPS)]  # run to the limit
+        tags = [t for t in THINK if allowed[t]]
+        token = int(
+            rng.choice(tags) if tags and rng.random() < 0.3 else rng.choice(np.flatnonzero(allowed))
+        )
+        ids.append(token)
+        masks.append(mask)
+        slot.extend([token], [0.0], 0, [0.0])
+    loop.close()
+    return ids, masks
+
+
+@pytest.mark.parametrize(("budget", "inside"), [(0, False), (2, False), (3, True), (None, False)])
+def test_the_replay_rebuilds_the_worker_thinking_budget_masks(budget, inside):
+    prompt = [5, 6, 7, THINK[0]] if inside else [5, THINK[0], 9, THINK[1], 7]
+    ids, worker_masks = budget_walk(prompt, budget, seed=budget or 11)
+    extra = {"think_budget": budget, "stop_token_ids": list(STOPS)}
+    view = TrainingView(
+        "t",
+        (
+            LLMTurn(
+                0,
+                np.asarray(prompt),
+                np.asarray(ids),
+                *[np.zeros(len(ids))] * 3,
+                constraint=call_constraint(extra, "t"),
+            ),
+        ),
+        (),
+    )
+    (turn,) = REPLAY.view(view).turns
+    if budget is None:  # unlimited: the worker applies no mask, and the call is free
+        assert all(m is None for m in worker_masks) and turn.masks is None
+        return
+    masks = turn.masks
+    for i, worker in enumerate(worker_masks):
+        if worker is None:
+            assert not masks.forced[i] and masks.index[i] == -1
+        elif allowed_count(worker, VOCAB) == 1:
+            assert masks.forced[i] and ids[i] == THINK[1]
+        else:
+            np.testing.assert_array_equal(masks.table[masks.index[i]], worker)
+    # the budget was reached (a forced </think>), or <think> was never allowed
+    assert masks.forced.any() if budget else (masks.index >= 0).all()
