@@ -111,9 +111,9 @@ def chunked_transformed_logprobs(
     and transforms [B, K]: [B, K] float32. Chunked over K with rematerialisation, so one
     [B, chunk, V] logits block (plus its sort and mask) lives at a time, forward and backward.
 
-    Grammar masks: `mask_table` [B, M, W] int32, row b's distinct bitmasks, and `mask_index`
-    [B, K] int32, each target's mask in its row's table (-1: unmasked); the [B, chunk, V] bits
-    are unpacked inside the chunk, never for all K at once."""
+    Token masks: `mask_table` [M, W] int32 bitmasks and `mask_index` [B, K] int32, each
+    target's mask in the table (-1: unmasked); the [B, chunk, V] bits are unpacked inside the
+    chunk, never for all K at once."""
     b, k, _ = hidden.shape
     masked = mask_table is not None
     if not masked:
@@ -134,7 +134,7 @@ def chunked_transformed_logprobs(
         logits = jnp.einsum("bcd,dv->bcv", h, w, preferred_element_type=jnp.float32)
         allowed = None
         if masked:
-            words = jax.vmap(lambda table, i: table[i])(mask_table, jnp.maximum(mi, 0))
+            words = mask_table[jnp.maximum(mi, 0)]
             allowed = mask_bits(words, logits.shape[-1]) | (mi < 0)[..., None]
         flat = lambda x: None if x is None else x.reshape(b * chunk, *x.shape[2:])  # noqa: E731
         out = transformed_logprob(

@@ -172,7 +172,7 @@ def _sampled_logprobs(
     keep the plain head's value, bit for bit. The transformed head runs at every action
     position of the batch (a second LM head pass there, plus a vocabulary sort).
 
-    Grammar masks (the batch's `MASK_KEYS`, `atdp_io.token_masks`): a token sampled under one
+    Token masks (the batch's `MASK_KEYS`, `atdp_io.token_masks`): a token sampled under one
     gets its log-prob under the masked, transformed distribution -- the sampler's, exactly.
     Forced tokens (one allowed id) are not action tokens: the loader leaves them out of the
     loss mask, since their masked probability is 1 under any weights (no gradient, ratio 1)."""
@@ -187,7 +187,12 @@ def _sampled_logprobs(
                 f"vocabulary needs {(vocab + 31) // 32} (MaskReplay's vocab_size must be the "
                 "model's)"
             )
-        masks = dict(mask_index=at_actions(batch["mask_index"]), mask_table=table)
+        # each row's table, flattened: entry (row, m) is row * M + m
+        rows, m = table.shape[0], table.shape[1]
+        index = at_actions(batch["mask_index"])
+        row = jnp.arange(rows, dtype=jnp.int32)[:, None]
+        flat = jnp.where(index >= 0, row * m + index, -1)
+        masks = dict(mask_index=flat, mask_table=table.reshape(rows * m, -1))
     transformed = chunked_transformed_logprobs(
         gather_hidden(batch, hidden, at.predictors),
         policy.unembedding(),

@@ -123,7 +123,7 @@ def test_chunked_matches_the_direct_form(chunk_size):
 
 @pytest.mark.parametrize("chunk_size", [3, 256])
 def test_chunked_with_grammar_masks_equals_the_sampler_on_masked_logits(chunk_size):
-    """Masks as the loader packs them (a per-row table of bitmasks, an index per target, -1:
+    """Masks as the learner passes them (each row's table flattened, an index per target, -1:
     unmasked), unpacked inside the chunks: the sampler's behaviour log-prob on its masked
     logits, for every setting (a vocabulary that is not a multiple of 32: the last word's
     high bits are ignored, as in the sampler)."""
@@ -159,8 +159,8 @@ def test_chunked_with_grammar_masks_equals_the_sampler_on_masked_logits(chunk_si
         temp,
         top_k,
         top_p,
-        mask_index=index,
-        mask_table=table,
+        mask_index=jnp.where(index >= 0, jnp.arange(b)[:, None] * 4 + index, -1),
+        mask_table=table.reshape(b * 4, words),
         chunk_size=chunk_size,
     )
     np.testing.assert_allclose(np.asarray(got).reshape(-1), np.asarray(expected), atol=2e-5)

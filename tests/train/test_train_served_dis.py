@@ -59,13 +59,21 @@ FREE = [  # the call's sampling settings, in call order (one windowed row each)
     dict(temperature=1.3, top_p=0.8),
     dict(temperature=0.5, extra_body={"top_k": 3}),
 ]
-CONSTRAINED = [  # each under a grammar mask; no `temperature`: the default sampling
+# Each under a grammar mask (no `temperature`: the default sampling). The served model was
+# trained to call get_weather here; each call's mask refuses some of what it wants (LAMP, no
+# tools, a schema), since where the kept set lies inside the mask the mask changes nothing.
+CONSTRAINED = [
     dict(tool_choice="required"),
     dict(tool_choice=NAMED, temperature=0.7, extra_body={"top_k": 5}, tools=[WEATHER_TOOL, LAMP]),
-    dict(tool_choice="required", temperature=1.3, top_p=0.8),
+    dict(tool_choice="required", temperature=1.3, top_p=0.8, tools=[LAMP]),
     dict(response_format=SCHEMA, temperature=0.7, top_p=0.9, tools=None),
     dict(response_format={"type": "json_object"}, tools=None),
-    dict(response_format={"type": "json_object"}, temperature=0.7, extra_body={"top_k": 5}),
+    dict(
+        response_format={"type": "json_object"},
+        temperature=0.7,
+        extra_body={"top_k": 5},
+        tools=[LAMP],
+    ),
     dict(response_format=SCHEMA, temperature=0, tools=None),
 ]
 # a thinking budget of 0 (`reasoning_effort` none): every token is drawn with <think> masked
