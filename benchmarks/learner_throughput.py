@@ -9,9 +9,10 @@ windowed RL batch: `rows` x `seq_len` tokens, real lengths uniform in [200, 250]
 tokens at the end of each row's real tokens (one LLM reply per row), rows grouped 8 turns to a
 trajectory, a terminal reward on the last turn.
 
-`compare=heads`: two learners from the same weights, `head_positions="all"` (the LM head and
-the value head at all R x T positions) and `"actions"` (at a per-row capacity K of gathered
-action tokens). `compare=fused`: two learners with the heads at the action tokens,
+`compare=heads`: three learners from the same weights, `head_positions="all"` (the LM head and
+the value head at all R x T positions), `"rows"` (at a per-row capacity K of gathered action
+tokens, [R, K]) and `"actions"` (the default: the action tokens of each block of rows a device
+holds in one list, [G, N]). `compare=fused`: two learners with the heads at the action tokens,
 `fused_iteration=False` (prepare, the policy step and each critic step jitted apart, called
 from Python, one host read) and `True` (the whole iteration one compiled program).
 `compare=pack`: `pack_rows=False` (the backbone at every position of every row, padding
@@ -149,6 +150,18 @@ def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
     return total
 
 
+def head_position_count(learner, batch: dict[str, np.ndarray], rows: int, length: int) -> int:
+    """Positions the LM head and the value head run at in one of `learner`'s iterations."""
+    capacity = learner._action_capacity(
+        learner._host_batch(batch, compact=learner.config.pack_rows)
+    )
+    if capacity is None:
+        return rows * length
+    if isinstance(capacity, int):
+        return rows * capacity
+    return capacity.groups * capacity.per_group
+
+
 def main(argv: list[str]) -> None:
     config = parse_cli(argv, {"default": BenchConfig()}, prog="learner_throughput.py", save=False)
     from experiments.alfworld_sao import tiny
@@ -165,7 +178,7 @@ def main(argv: list[str]) -> None:
     if config.compare == "heads":
         variants = {
             where: dataclasses.replace(learner_config, head_positions=where)
-            for where in ("all", "actions")
+            for where in ("all", "rows", "actions")
         }
     elif config.compare == "fused":
         variants = {
@@ -199,7 +212,7 @@ def main(argv: list[str]) -> None:
         for name, learner in learners.items()
     }
     head_positions = {
-        name: rows[name] * t if learner.config.head_positions == "all" else rows[name] * capacity
+        name: head_position_count(learner, batch, rows[name], t)
         for name, learner in learners.items()
     }
     print(
@@ -224,7 +237,7 @@ def main(argv: list[str]) -> None:
             learner.iteration(batch)
             times[where].append(time.perf_counter() - start)
     best = {where: min(ts) for where, ts in times.items()}
-    first, second = learners
+    first = next(iter(learners))
     label = {"heads": "heads at", "fused": "iteration", "pack": "rows"}[config.compare]
     print(
         f"\n| {label:9} | backbone positions | real tokens | head positions | with signal | "
@@ -238,11 +251,15 @@ def main(argv: list[str]) -> None:
             f"{real_tokens / backbone_positions[where]:10.1%} | {head_positions[where]:14,} | "
             f"{share:10.1%} | {flops[where] / 1e9:17.1f} | {best[where]:11.3f} |"
         )
+    print()
+    for other in list(learners)[1:]:
+        print(
+            f"{first} / {other}: {best[first] / best[other]:.2f}x faster per iteration, "
+            f"{flops[first] / flops[other]:.2f}x fewer FLOPs"
+        )
     print(
-        f"\n{first} / {second}: {best[first] / best[second]:.2f}x faster per iteration, "
-        f"{flops[first] / flops[second]:.2f}x fewer FLOPs; all runs (s): {times}; "
-        f"load avg (1 min) during timing: {min(loads):.2f}..{max(loads):.2f}; "
-        f"{os.cpu_count()} CPUs, backend {jax.default_backend()}"
+        f"all runs (s): {times}; load avg (1 min) during timing: {min(loads):.2f}.."
+        f"{max(loads):.2f}; {os.cpu_count()} CPUs, backend {jax.default_backend()}"
     )
 
 

@@ -70,12 +70,12 @@ def build_model(config: ExperimentConfig, tokenizer: Tokenizer, mesh=None) -> Tr
 def resolve(config: ExperimentConfig) -> ExperimentConfig:
     """Games and sampling offset by `config.seed` (model init uses it directly); group
     algorithms (GRPO) play `learner.group.size` rollouts of each game, and at least one group
-    per policy version; windowed rows fix the learner's head capacity at one reply."""
+    per policy version; windowed rows in the per-row head layout fix its capacity at one reply."""
     rollout = dataclasses.replace(config.rollout, seed=config.rollout.seed + 1000 * config.seed)
     rl, learner = config.rl, config.learner
     if (
         rollout.layout == "windowed"
-        and learner.head_positions == "actions"
+        and learner.head_positions == "rows"
         and learner.max_action_tokens_per_row is None
     ):
         # a windowed row holds one reply of at most max_new_tokens tokens: one compiled head

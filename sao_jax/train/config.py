@@ -244,9 +244,11 @@ class LearnerConfig:
         published to the rollout workers.
       logprob_chunk_size: sequence chunk of the log-prob computation (memory of [B, chunk, V]).
       head_positions: where the RL steps run the LM head and the value head: "actions" (only
-        at the action tokens, the only positions the losses read; same results) or "all"
-        (every position, the reference path).
-      max_action_tokens_per_row: with head_positions="actions", the static per-row capacity K
+        at the action tokens, the only positions the losses read, listed per block of rows a
+        device holds, so nearly every head position is an action token), "rows" (at the action
+        tokens in a [rows, K] layout: K per row, the fullest row's count; padding wherever rows
+        hold fewer) or "all" (every position, the reference path). The same results either way.
+      max_action_tokens_per_row: with head_positions="rows", the static per-row capacity K
         of gathered action tokens (a batch with a fuller row is refused); None: K follows each
         batch (its fullest row, bucketed; a few compiled shapes).
       pack_rows: run the backbone on the batch's real tokens only, its rows packed several
@@ -291,9 +293,9 @@ class LearnerConfig:
         for name in ("logprob_chunk_size", "pack_row_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.head_positions not in ("actions", "all"):
+        if self.head_positions not in ("actions", "rows", "all"):
             raise ValueError(
-                f"LearnerConfig.head_positions must be 'actions' or 'all', got "
+                f"LearnerConfig.head_positions must be 'actions', 'rows' or 'all', got "
                 f"{self.head_positions!r}"
             )
         if self.max_action_tokens_per_row is not None and self.max_action_tokens_per_row < 1:

@@ -172,8 +172,9 @@ class Learner:
                 f"Learner: algorithm {self.algorithm.name!r} needs batch['skill_logp'] [R, T], "
                 "the action tokens re-scored with a skill in context (sao_jax.seed.SeedLearner)"
             )
-        device_batch = self._device_batch(batch, compact=self.config.pack_rows)
-        fns = self._functions(device_batch, self._action_capacity(batch))
+        host = self._host_batch(batch, compact=self.config.pack_rows)
+        device_batch = self.placement.put_batch(host)
+        fns = self._functions(device_batch, self._action_capacity(host))
         staleness = _staleness(batch, self.counters.policy_version)
         warmup = self.in_warmup
         policy_steps_run = 0 if warmup else policy_steps(self.config)
@@ -308,8 +309,9 @@ class Learner:
             raise ValueError(f"ridge must be >= 0, got {ridge}")
         total: dict[str, np.ndarray] | None = None
         for batch in batches:
-            device_batch = self._device_batch(batch)
-            fns = self._functions(device_batch, self._action_capacity(batch))
+            host = self._host_batch(batch)
+            device_batch = self.placement.put_batch(host)
+            fns = self._functions(device_batch, self._action_capacity(host))
             moments = jax.device_get(
                 fns["value_moments"](self.critic_params, self._critic_frozen, device_batch)
             )
@@ -346,11 +348,12 @@ class Learner:
 
         With `config.head_positions="actions"` (the default) the heads run at the action tokens
         only: `values` and a PPO learner's own `behaviour_logp` are 0 off them."""
-        device_batch = self._device_batch(batch)
+        host = self._host_batch(batch)
+        device_batch = self.placement.put_batch(host)
         critic_args = (
             (self.critic_params, self._critic_frozen) if self.algorithm.uses_critic else ()
         )
-        prepared = self._functions(device_batch, self._action_capacity(batch))["prepare"](
+        prepared = self._functions(device_batch, self._action_capacity(host))["prepare"](
             self.policy_params, self._policy_frozen, *critic_args, device_batch
         )
         prepared.pop("stats")
@@ -367,9 +370,15 @@ class Learner:
     def _device_batch(
         self, batch: Mapping[str, np.ndarray], *, compact: bool = False
     ) -> dict[str, jax.Array]:
-        """The loader batch placed on the devices, packed with `config.pack_rows`; `compact`:
-        without its empty rows (`packing.compact_rows`; an iteration returns only metrics, so
-        its rows need not match the loader's)."""
+        """The loader batch placed on the devices (`_host_batch`, then the placement)."""
+        return self.placement.put_batch(self._host_batch(batch, compact=compact))
+
+    def _host_batch(
+        self, batch: Mapping[str, np.ndarray], *, compact: bool = False
+    ) -> dict[str, np.ndarray]:
+        """The loader batch as the steps take it, on the host: packed with `config.pack_rows`;
+        `compact`: without its empty rows (`packing.compact_rows`; an iteration returns only
+        metrics, so its rows need not match the loader's)."""
         missing = [k for k in BATCH_KEYS if k not in batch]
         if missing:
             raise ValueError(f"Learner: batch lacks {missing}; expected an atdp_io loader batch")
@@ -393,20 +402,35 @@ class Learner:
             host.update(
                 packing.pack_for_placement(host, self.placement, self.config.pack_row_multiple)
             )
-        return self.placement.put_batch(host)
+        return host
 
     # -- jitted functions -----------------------------------------------------------------------
 
-    def _action_capacity(self, batch: Mapping[str, np.ndarray]) -> int | None:
-        """The steps' static per-row action-token capacity K for `batch` (None: heads at every
-        position). The same on every process: K is a compiled shape."""
-        if self.config.head_positions == "all":
+    def _action_capacity(
+        self, batch: Mapping[str, np.ndarray]
+    ) -> int | objectives.ActionCapacity | None:
+        """The steps' static action-token capacity for the host batch `batch` (as the steps
+        get it: `_host_batch`): None with `head_positions="all"`; the per-row K with "rows";
+        with "actions" an `ActionCapacity` of one group per block of rows the mesh places on
+        one device, sized to the fullest group. The same on every process: it is a compiled
+        shape."""
+        where = self.config.head_positions
+        if where == "all":
             return None
-        most = objectives.most_action_tokens_per_row(batch["loss_mask"])
+        if where == "actions":
+            groups = self.placement.row_shards()
+            local_groups = max(1, groups // jax.process_count())
+            most = objectives.most_action_tokens_per_group(batch["loss_mask"], local_groups)
+        else:
+            most = objectives.most_action_tokens_per_row(batch["loss_mask"])
         if jax.process_count() > 1:
             from sao_jax.distributed.host_sync import allgather_numbers
 
             most = int(allgather_numbers([most]).max())
+        if where == "actions":
+            rows_per_group = np.shape(batch["loss_mask"])[0] // local_groups
+            size = rows_per_group * np.shape(batch["loss_mask"])[1]
+            return objectives.ActionCapacity(objectives.bucket_capacity(most, size), groups=groups)
         fixed = self.config.max_action_tokens_per_row
         if fixed is None:
             return objectives.bucket_capacity(most, np.shape(batch["loss_mask"])[1])

@@ -22,9 +22,10 @@
 `iteration` (the same functions traced into one program; `tests/train/test_train_fused_iteration.py`
 checks both agree).
 
-With `spec.action_capacity` K the steps run the LM head and the value head at the action tokens
-only (at most K per row; `objectives.ActionPositions`): `behaviour_logp` and `values` are then 0
-off the action tokens, like `advantages` and `returns`.
+With `spec.action_capacity` (K per row, or an `objectives.ActionCapacity` of N per group of
+rows) the steps run the LM head and the value head at the action tokens only
+(`objectives.ActionPositions`): `behaviour_logp` and `values` are then 0 off the action tokens,
+like `advantages` and `returns`.
 
 Functions are cached on a `StepSpec` holding everything they trace, so several learners of one
 configuration (seeds of a comparison, a resumed run, tests) share compiled executables. The
@@ -103,7 +104,7 @@ class StepSpec:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
     mesh: jax.sharding.Mesh | None
     rules: LogicalRules | None
-    action_capacity: int | None
+    action_capacity: int | objectives.ActionCapacity | None
     config: LearnerConfig = dataclasses.field(compare=False, hash=False)
     shardings: ModelShardings = dataclasses.field(compare=False, hash=False)
 

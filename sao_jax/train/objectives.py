@@ -21,6 +21,7 @@ returns the same [R, T] results either way.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import jax
@@ -31,7 +32,7 @@ from flax import struct
 from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
 from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
-from sao_jax.models.logprobs import LOGPROB_CHUNK, scatter_positions, take_positions
+from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.train.config import OpdConfig
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
 from sao_jax.train.steps import MASK_KEYS, SAMPLING_KEYS
@@ -50,42 +51,107 @@ def action_mask(batch: Batch) -> jax.Array:
     return batch["loss_mask"].astype(jnp.float32).at[:, 0].set(0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class ActionCapacity:
+    """Where the heads run: at most `per_group` action tokens in each of `groups` blocks of
+    consecutive rows (R must be a multiple of `groups`). One group holds the whole batch's
+    action tokens in one list; a group per data shard keeps the gathers inside each shard.
+    A plain int K is the per-row layout: K per row (a group per row)."""
+
+    per_group: int
+    groups: int = 1
+
+
 @struct.dataclass
 class ActionPositions:
-    """A batch's action columns in a static [R, K] layout.
+    """A batch's action tokens in a static [G, N] layout: G groups of consecutive rows (G = R:
+    a group per row), N entries per group.
 
-    index: [R, K] int32, row r's action columns in increasing order, then 0 (padding);
-    valid: [R, K] bool, True on the real entries; overflow: scalar bool, some row holds more
-    than K action tokens (its later ones are missing from `index`).
+    row, index: [G, N] int32, the batch row and column of each action token of the group, in
+    row-major order, then (the group's first row, 0) as padding; valid: [G, N] bool, True on the
+    real entries; overflow: scalar bool, some group holds more than N action tokens (its later
+    ones are missing); num_rows: R (static).
     """
 
+    row: jax.Array
     index: jax.Array
     valid: jax.Array
     overflow: jax.Array
+    num_rows: int = struct.field(pytree_node=False)
 
     @property
     def predictors(self) -> jax.Array:
-        """[R, K] the columns whose hidden states predict the action tokens (index - 1)."""
+        """[G, N] the columns whose hidden states predict the action tokens (index - 1)."""
         return jnp.maximum(self.index - 1, 0)
 
+    def _local(self, length: int) -> jax.Array:
+        """[G, N] positions inside each group's block of rows flattened ([R / G * length])."""
+        rows_per_group = self.num_rows // self.row.shape[0]
+        return (self.row % rows_per_group) * length + self.index
+
+    def take(self, x: jax.Array) -> jax.Array:
+        """x [R, T, ...] at the action tokens -> [G, N, ...] (padding entries read (row, 0)).
+        Block by block, like `packing.gather_hidden`."""
+        groups, length = self.row.shape[0], x.shape[1]
+        blocks = x.reshape(groups, -1, *x.shape[2:])
+        return jax.vmap(lambda block, i: block[i])(blocks, self._local(length))
+
     def to_rows(self, x: jax.Array, length: int) -> jax.Array:
-        """[R, K] results at the action tokens -> [R, length], 0 elsewhere; all NaN on overflow."""
-        rows = scatter_positions(x, self.index, self.valid, length)
-        return jnp.where(self.overflow, jnp.nan, rows)
+        """[G, N] results at the action tokens -> [R, length], 0 elsewhere; all NaN on overflow.
+        Padding entries add exactly 0 and get a zero gradient."""
+        groups = self.row.shape[0]
+        kept = jnp.where(self.valid, x, jnp.zeros((), x.dtype))
+        size = self.num_rows // groups * length
+        blocks = jax.vmap(lambda v, i: jnp.zeros((size,), v.dtype).at[i].add(v))(
+            kept, self._local(length)
+        )
+        return jnp.where(self.overflow, jnp.nan, blocks.reshape(self.num_rows, length))
 
 
-def action_positions(mask: jax.Array, capacity: int) -> ActionPositions:
-    """`ActionPositions` of the nonzero entries of an [R, T] mask, K = min(capacity, T) per row."""
-    if capacity < 1:
-        raise ValueError(f"action capacity must be >= 1, got {capacity}")
-    active = mask != 0
-    k = min(capacity, mask.shape[1])
-    counts = jnp.sum(active, axis=-1)
-    # a stable sort of "not an action" puts a row's action columns first, in order
-    order = jnp.argsort(~active, axis=-1, stable=True)[:, :k]
-    valid = jnp.arange(k)[None, :] < counts[:, None]
-    index = jnp.where(valid, order, 0).astype(jnp.int32)
-    return ActionPositions(index=index, valid=valid, overflow=jnp.any(counts > k))
+def _group_action_positions(active: jax.Array, n: int) -> jax.Array:
+    """[G, P, T] bool -> [G, n] int32: each group's first n True positions (flat, p * T + t) in
+    row-major order, then 0. A token's slot is its row's offset plus its rank in the row: two
+    short cumulative sums (over T, then over P) where one over P * T would lower, on CPU, to a
+    reduce-window of quadratic cost."""
+    groups, rows, length = active.shape
+    counts = jnp.sum(active, axis=-1, dtype=jnp.int32)  # [G, P]
+    row_offset = jnp.cumsum(counts, axis=-1) - counts
+    slot = row_offset[..., None] + jnp.cumsum(active, axis=-1, dtype=jnp.int32) - 1
+    slot = jnp.where(active & (slot < n), slot, n).reshape(groups, rows * length)
+    flat = jnp.arange(rows * length, dtype=jnp.int32)
+    scatter = lambda s: jnp.zeros((n + 1,), jnp.int32).at[s].set(flat)  # noqa: E731
+    return jax.vmap(scatter)(slot)[:, :n]
+
+
+def action_positions(mask: jax.Array, capacity: int | ActionCapacity) -> ActionPositions:
+    """`ActionPositions` of the nonzero entries of an [R, T] mask.
+
+    `capacity`: an int K, the per-row layout (N = min(K, T) per row); an `ActionCapacity`, N =
+    min(per_group, rows per group x T) in each of its groups.
+    """
+    if isinstance(capacity, ActionCapacity):
+        per_group, groups = capacity.per_group, capacity.groups
+    else:
+        per_group, groups = capacity, mask.shape[0]
+    if per_group < 1:
+        raise ValueError(f"action capacity must be >= 1, got {per_group}")
+    num_rows, length = mask.shape
+    if groups < 1 or num_rows % groups:
+        raise ValueError(f"{num_rows} batch rows do not split into {groups} groups of rows")
+    rows_per_group = num_rows // groups
+    active = (mask != 0).reshape(groups, rows_per_group, length)
+    n = min(per_group, rows_per_group * length)
+    flat = _group_action_positions(active, n)
+    counts = jnp.sum(active, axis=(1, 2))
+    valid = jnp.arange(n)[None, :] < counts[:, None]
+    first_row = (jnp.arange(groups) * rows_per_group)[:, None]
+    return ActionPositions(
+        row=(first_row + flat // length).astype(jnp.int32),
+        index=(flat % length).astype(jnp.int32),
+        valid=valid,
+        overflow=jnp.any(counts > n),
+        num_rows=num_rows,
+    )
 
 
 def action_capacity_for(loss_mask: np.ndarray, *, minimum: int = 8) -> int:
@@ -106,6 +172,15 @@ def most_action_tokens_per_row(loss_mask: np.ndarray) -> int:
     return int(mask[:, 1:].sum(axis=-1).max(initial=0))
 
 
+def most_action_tokens_per_group(loss_mask: np.ndarray, groups: int) -> int:
+    """Host side: the most action tokens in one of `groups` blocks of consecutive rows (column 0
+    excluded), the count an `ActionCapacity` of that many groups must hold."""
+    mask = np.asarray(loss_mask) != 0
+    if groups < 1 or mask.shape[0] % groups:
+        raise ValueError(f"{mask.shape[0]} batch rows do not split into {groups} groups of rows")
+    return int(mask[:, 1:].reshape(groups, -1).sum(axis=-1).max(initial=0))
+
+
 def bucket_capacity(count: int, length: int, *, minimum: int = 8) -> int:
     """`count` rounded up to its bucket (see `action_capacity_for`), within [1, length]."""
     step = max(minimum, (1 << max(count - 1, 0).bit_length()) // 8)
@@ -117,7 +192,7 @@ def policy_logprobs(
     batch: Batch,
     *,
     chunk_size: int = LOGPROB_CHUNK,
-    action_capacity: int | None = None,
+    action_capacity: int | ActionCapacity | None = None,
 ) -> tuple[jax.Array, jax.Array, MoeAux]:
     """(logp [R, T], entropy [R, T], MoE aux): log pi(token t | tokens < t) at temperature 1.
 
@@ -137,8 +212,8 @@ def policy_logprobs(
     else:
         at = action_positions(action_mask(batch), action_capacity)
         # the hidden state before each action token predicts it
-        hidden = gather_hidden(batch, out.hidden, at.predictors)
-        targets = take_positions(batch["tokens"], at.index)
+        hidden = gather_hidden(batch, out.hidden, at.row, at.predictors)
+        targets = at.take(batch["tokens"])
         logp, entropy = policy.token_logprobs(hidden, targets, chunk_size=chunk_size)
         logp, entropy = at.to_rows(logp, length), at.to_rows(entropy, length)
     if SAMPLING_KEYS[0] in batch:
@@ -176,7 +251,7 @@ def _sampled_logprobs(
     gets its log-prob under the masked, transformed distribution -- the sampler's, exactly.
     Forced tokens (one allowed id) are not action tokens: the loader leaves them out of the
     loss mask, since their masked probability is 1 under any weights (no gradient, ratio 1)."""
-    at_actions = lambda x: take_positions(x, at.index)  # noqa: E731
+    at_actions = at.take
     masks = {}
     if MASK_KEYS[0] in batch:
         table = batch["mask_table"]
@@ -187,14 +262,14 @@ def _sampled_logprobs(
                 f"vocabulary needs {(vocab + 31) // 32} (MaskReplay's vocab_size must be the "
                 "model's)"
             )
-        # each row's table, flattened: entry (row, m) is row * M + m
+        # each row's table, flattened: entry (row, m) is row * M + m, whatever the action
+        # layout (a row per group or several)
         rows, m = table.shape[0], table.shape[1]
         index = at_actions(batch["mask_index"])
-        row = jnp.arange(rows, dtype=jnp.int32)[:, None]
-        flat = jnp.where(index >= 0, row * m + index, -1)
+        flat = jnp.where(index >= 0, at.row * m + index, -1)
         masks = dict(mask_index=flat, mask_table=table.reshape(rows * m, -1))
     transformed = chunked_transformed_logprobs(
-        gather_hidden(batch, hidden, at.predictors),
+        gather_hidden(batch, hidden, at.row, at.predictors),
         policy.unembedding(),
         at_actions(batch["tokens"]),
         *(at_actions(batch[k]) for k in SAMPLING_KEYS),
@@ -212,7 +287,7 @@ def backbone(model: Backbone, batch: Batch):
 
 
 def critic_values(
-    critic: Critic, batch: Batch, *, action_capacity: int | None = None
+    critic: Critic, batch: Batch, *, action_capacity: int | ActionCapacity | None = None
 ) -> tuple[jax.Array, MoeAux]:
     """(values [R, T], MoE aux): V of the state before each token (its prefix).
 
@@ -224,7 +299,7 @@ def critic_values(
         values = critic.value_from_hidden(out.hidden)
         return unpack(batch, _shift_right(values)), out.aux
     at = action_positions(action_mask(batch), action_capacity)
-    values = critic.value_from_hidden(gather_hidden(batch, out.hidden, at.predictors))
+    values = critic.value_from_hidden(gather_hidden(batch, out.hidden, at.row, at.predictors))
     return at.to_rows(values, batch["tokens"].shape[1]), out.aux
 
 
@@ -239,7 +314,7 @@ def policy_gradient_loss(
     moe_aux: MoeAuxConfig,
     chunk_size: int,
     opd: OpdConfig | None = None,
-    action_capacity: int | None = None,
+    action_capacity: int | ActionCapacity | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """The policy objective: `policy_loss(logp, behaviour_logp, A, mask)` + aux - entropy bonus.
 
@@ -293,7 +368,7 @@ def value_loss(
     *,
     value_clip: float | None,
     moe_aux: MoeAuxConfig,
-    action_capacity: int | None = None,
+    action_capacity: int | ActionCapacity | None = None,
     with_values: bool = False,
 ) -> tuple[jax.Array, Metrics]:
     """`sao_value_loss` of the critic on [R, T] `returns` (optionally clipped around
@@ -323,7 +398,11 @@ def value_loss(
 
 
 def value_head_moments(
-    critic: Critic, batch: Batch, returns: jax.Array, *, action_capacity: int | None = None
+    critic: Critic,
+    batch: Batch,
+    returns: jax.Array,
+    *,
+    action_capacity: int | ActionCapacity | None = None,
 ) -> dict[str, jax.Array]:
     """Sufficient statistics of the least-squares value head on `batch`'s action tokens.
 
@@ -335,9 +414,9 @@ def value_head_moments(
     """
     mask = action_mask(batch)
     at = action_positions(mask, action_capacity or mask.shape[1])
-    hidden = gather_hidden(batch, backbone(critic, batch).hidden, at.predictors)
+    hidden = gather_hidden(batch, backbone(critic, batch).hidden, at.row, at.predictors)
     weight = at.valid.astype(jnp.float32)
-    target = jnp.take_along_axis(returns.astype(jnp.float32), at.index, axis=1)
+    target = at.take(returns.astype(jnp.float32))
     features = jnp.concatenate(
         [hidden.astype(jnp.float32), jnp.ones((*hidden.shape[:-1], 1), jnp.float32)], axis=-1
     )

@@ -226,20 +226,31 @@ def packed_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array,
     return batch["tokens"], batch["positions"], batch["segment_ids"]
 
 
-def _flat_index(batch: Mapping[str, jax.Array], index: jax.Array) -> jax.Array:
-    """[R, K] columns of the batch's rows -> [R, K] indices into the flattened packed grid."""
+def _flat_index(batch: Mapping[str, jax.Array], rows: jax.Array, columns: jax.Array) -> jax.Array:
+    """Positions (`rows`, `columns`) of the batch's rows (same shape) -> indices into the
+    flattened packed grid."""
     packed = batch["packed_tokens"]
-    flat = batch["pack_row"][:, None] * packed.shape[1] + batch["pack_offset"][:, None] + index
+    flat = batch["pack_row"][rows] * packed.shape[1] + batch["pack_offset"][rows] + columns
     return jnp.clip(flat, 0, packed.size - 1)
 
 
-def gather_hidden(batch: Mapping[str, jax.Array], hidden: jax.Array, index: jax.Array) -> jax.Array:
-    """Backbone outputs [R_p, T_p, D] (or [R, T, D] unpacked) at columns `index` [R, K] of the
-    batch's rows -> [R, K, D]. Columns past a row's tokens read some other position: mask them."""
-    if not is_packed(batch):
-        return jax.vmap(lambda row, i: row[i])(hidden, index)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    return jnp.take(flat, _flat_index(batch, index), axis=0)
+def gather_hidden(
+    batch: Mapping[str, jax.Array], hidden: jax.Array, rows: jax.Array, columns: jax.Array
+) -> jax.Array:
+    """Backbone outputs [R_p, T_p, D] (or [R, T, D] unpacked) at positions (`rows`, `columns`)
+    [G, N] of the batch's rows -> [G, N, D]. Line g of `rows` names rows of the g-th block of
+    R / G consecutive rows only (G = R: each line one row), so an unpacked batch gathers block
+    by block and a batch sharded over its rows needs no communication. Columns past a row's
+    tokens read some other position: mask them."""
+    if is_packed(batch):
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return jnp.take(flat, _flat_index(batch, rows, columns), axis=0)
+    groups = rows.shape[0]
+    num_rows, length = hidden.shape[:2]
+    per_group = num_rows // groups
+    blocks = hidden.reshape(groups, per_group * length, hidden.shape[-1])
+    local = (rows % per_group) * length + columns
+    return jax.vmap(lambda block, i: block[i])(blocks, local)
 
 
 def unpack(batch: Mapping[str, jax.Array], packed: jax.Array) -> jax.Array:
@@ -248,7 +259,8 @@ def unpack(batch: Mapping[str, jax.Array], packed: jax.Array) -> jax.Array:
     is returned as it is."""
     if not is_packed(batch):
         return packed
-    rows, length = batch["tokens"].shape
-    columns = jnp.broadcast_to(jnp.arange(length), (rows, length))
+    num_rows, length = batch["tokens"].shape
+    rows = jnp.broadcast_to(jnp.arange(num_rows)[:, None], (num_rows, length))
+    columns = jnp.broadcast_to(jnp.arange(length), (num_rows, length))
     flat = packed.reshape(-1, *packed.shape[2:])
-    return jnp.take(flat, _flat_index(batch, columns), axis=0)
+    return jnp.take(flat, _flat_index(batch, rows, columns), axis=0)

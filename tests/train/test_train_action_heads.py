@@ -1,5 +1,6 @@
-"""Heads at the action tokens only: the gathered [R, K] path of the policy and value heads gives
-the full path's log-probs, entropies, values, losses and gradients; capacity and overflow."""
+"""Heads at the action tokens only: the gathered paths of the policy and value heads (per row
+[R, K], and per group of rows [G, N]) give the full path's log-probs, entropies, values, losses
+and gradients; capacity and overflow."""
 
 import dataclasses
 import functools
@@ -74,6 +75,37 @@ def test_action_positions_lists_each_rows_action_columns_in_order():
         objectives.action_positions(mask, 0)
 
 
+def test_grouped_action_positions_list_each_groups_action_tokens_in_row_major_order():
+    mask = jnp.asarray([[0, 1, 0, 1], [0, 0, 0, 0], [0, 1, 1, 1], [0, 0, 1, 0]])
+    one = objectives.action_positions(mask, objectives.ActionCapacity(6))
+    np.testing.assert_array_equal(one.row, [[0, 0, 2, 2, 2, 3]])
+    np.testing.assert_array_equal(one.index, [[1, 3, 1, 2, 3, 2]])
+    assert one.valid.all() and not one.overflow  # six action tokens fill six entries exactly
+    np.testing.assert_array_equal(one.predictors, [[0, 2, 0, 1, 2, 1]])
+    values = jnp.arange(6, dtype=jnp.float32)[None] + 1
+    np.testing.assert_array_equal(
+        one.to_rows(values, 4), [[0, 1, 0, 2], [0, 0, 0, 0], [0, 3, 4, 5], [0, 0, 6, 0]]
+    )
+    grid = jnp.arange(16).reshape(4, 4)
+    np.testing.assert_array_equal(one.take(grid), [[1, 3, 9, 10, 11, 14]])
+    # two groups of two rows: each lists its own block, padded with (its first row, column 0)
+    two = objectives.action_positions(mask, objectives.ActionCapacity(4, groups=2))
+    np.testing.assert_array_equal(two.row, [[0, 0, 0, 0], [2, 2, 2, 3]])
+    np.testing.assert_array_equal(two.index, [[1, 3, 0, 0], [1, 2, 3, 2]])
+    np.testing.assert_array_equal(two.valid, [[1, 1, 0, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(two.take(grid), [[1, 3, 0, 0], [9, 10, 11, 14]])
+    kept = two.to_rows(jnp.ones((2, 4)), 4)
+    np.testing.assert_array_equal(kept, np.asarray(mask, np.float32))  # padding adds nothing
+    over = objectives.action_positions(mask, objectives.ActionCapacity(5))
+    assert over.overflow and np.isnan(over.to_rows(jnp.ones((1, 5)), 4)).all()
+    assert objectives.most_action_tokens_per_group(np.asarray(mask), 2) == 4
+    assert objectives.most_action_tokens_per_group(np.asarray(mask), 1) == 6
+    with pytest.raises(ValueError, match="do not split into 3 groups"):
+        objectives.action_positions(mask, objectives.ActionCapacity(4, groups=3))
+    with pytest.raises(ValueError, match="do not split into 3 groups"):
+        objectives.most_action_tokens_per_group(np.asarray(mask), 3)
+
+
 def test_capacity_buckets():
     bucket = objectives.bucket_capacity
     counts = (0, 1, 7, 8, 9, 17, 70, 100, 129)
@@ -133,7 +165,9 @@ def test_policy_logprobs_loss_and_gradients_match_the_full_path(models, seed):
         return value, metrics, grads, logp, entropy
 
     full = jax.jit(functools.partial(run, cap=None))(state)
-    for cap in (capacity, capacity + 5):
+    total = int(mask.sum())
+    grouped = objectives.ActionCapacity(total)  # the batch's action tokens fill it exactly
+    for cap in (capacity, capacity + 5, grouped, objectives.ActionCapacity(total + 3, groups=2)):
         compact = jax.jit(functools.partial(run, cap=cap))(state)
         on = mask > 0
         np.testing.assert_allclose(compact[3][on], full[3][on], rtol=1e-5, atol=1e-6)
@@ -146,9 +180,10 @@ def test_policy_logprobs_loss_and_gradients_match_the_full_path(models, seed):
             np.testing.assert_allclose(compact[1][key], full[1][key], rtol=1e-5, atol=1e-7)
         assert_trees_close(compact[2], full[2])
 
-    # one row past the capacity: NaN, never a silently dropped token
-    over = jax.jit(functools.partial(run, cap=capacity - 1))(state)
-    assert np.isnan(over[0])
+    # one token past the capacity: NaN, never a silently dropped token
+    for cap in (capacity - 1, objectives.ActionCapacity(total - 1)):
+        over = jax.jit(functools.partial(run, cap=cap))(state)
+        assert np.isnan(over[0])
 
 
 def test_critic_values_and_value_loss_match_the_full_path(models):
@@ -177,14 +212,15 @@ def test_critic_values_and_value_loss_match_the_full_path(models):
 
     zeros = jnp.zeros((R, T))
     full = jax.jit(lambda s: run(s, zeros, None, None))(state)
-    compact = jax.jit(lambda s: run(s, zeros, capacity, None))(state)
-    np.testing.assert_allclose(compact[3][on], full[3][on], rtol=1e-5, atol=1e-6)
-    assert (np.asarray(compact[3])[~on] == 0).all()
     assert np.abs(np.asarray(full[3])[on]).max() > 1e-3  # a real value head
-    np.testing.assert_allclose(compact[0], full[0], rtol=1e-5, atol=1e-7)
-    for key in full[1]:
-        np.testing.assert_allclose(compact[1][key], full[1][key], rtol=1e-5, atol=1e-7)
-    assert_trees_close(compact[2], full[2])
+    for cap in (capacity, objectives.ActionCapacity(int(on.sum()) + 2, groups=3)):
+        compact = jax.jit(lambda s, cap=cap: run(s, zeros, cap, None))(state)
+        np.testing.assert_allclose(compact[3][on], full[3][on], rtol=1e-5, atol=1e-6)
+        assert (np.asarray(compact[3])[~on] == 0).all()
+        np.testing.assert_allclose(compact[0], full[0], rtol=1e-5, atol=1e-7)
+        for key in full[1]:
+            np.testing.assert_allclose(compact[1][key], full[1][key], rtol=1e-5, atol=1e-7)
+        assert_trees_close(compact[2], full[2])
     # with value clipping around the (action-token) old values
     old = jnp.where(on, full[3] + 0.05, 0.0)
     clipped_full = jax.jit(lambda s: run(s, old, None, 0.01))(state)
@@ -213,36 +249,43 @@ def loader_batch(tmp_path_factory):
 def test_learner_iterations_match_the_all_positions_path(loader_batch, algorithm):
     assert LearnerConfig().head_positions == "actions"  # the default
     runs = {}
-    for where in ("all", "actions"):
+    for where in ("all", "actions", "rows"):
         learner = Learner(learner_config(algorithm=algorithm, head_positions=where), tiny_policy())
         batch = dict(loader_batch, rollout_logp=learner.policy_logprobs(loader_batch))
         prepared = learner.advantages(batch)
         metrics = [learner.iteration(batch) for _ in range(2)]
         runs[where] = (learner, prepared, metrics)
-    (full, full_prep, full_metrics), (compact, compact_prep, compact_metrics) = runs.values()
+    full, full_prep, full_metrics = runs.pop("all")
     on = np.asarray(loader_batch["loss_mask"]) > 0
     on[:, 0] = False
+    for where, (compact, compact_prep, compact_metrics) in runs.items():
+        assert compact.config.head_positions == where
+        assert_same_advantages(algorithm, on, full_prep, compact_prep)
+        for one, two in zip(full_metrics, compact_metrics, strict=True):
+            assert one.keys() == two.keys()
+            for key in one:
+                assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (where, key)
+        assert_trees_close(compact.policy_params, full.policy_params, rtol=1e-4, atol=2e-6)
+        if algorithm == "sao":
+            assert_trees_close(compact.critic_params, full.critic_params, rtol=1e-4, atol=2e-6)
+
+
+def assert_same_advantages(algorithm, on, full_prep, compact_prep):
     for key in full_prep:
         np.testing.assert_allclose(
             compact_prep[key][on], full_prep[key][on], rtol=1e-5, atol=1e-6, err_msg=key
         )
         if key != "behaviour_logp" or algorithm == "ppo":  # SAO's is the batch's rollout_logp
             assert (compact_prep[key][~on] == 0).all(), key
-    for one, two in zip(full_metrics, compact_metrics, strict=True):
-        assert one.keys() == two.keys()
-        for key in one:
-            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
-    assert_trees_close(compact.policy_params, full.policy_params, rtol=1e-4, atol=2e-6)
-    if algorithm == "sao":
-        assert_trees_close(compact.critic_params, full.critic_params, rtol=1e-4, atol=2e-6)
 
 
 def test_a_fixed_capacity_too_small_for_a_batch_is_refused(loader_batch):
     most = objectives.most_action_tokens_per_row(loader_batch["loss_mask"])
-    learner = Learner(learner_config(max_action_tokens_per_row=most - 1), tiny_policy())
+    config = functools.partial(learner_config, head_positions="rows")
+    learner = Learner(config(max_action_tokens_per_row=most - 1), tiny_policy())
     with pytest.raises(ValueError, match="max_action_tokens_per_row"):
         learner.iteration(loader_batch)
-    fits = Learner(learner_config(max_action_tokens_per_row=most), tiny_policy())
+    fits = Learner(config(max_action_tokens_per_row=most), tiny_policy())
     assert np.isfinite(fits.iteration(loader_batch)["policy/loss"])
     with pytest.raises(ValueError, match="head_positions"):
         LearnerConfig(head_positions="action")
