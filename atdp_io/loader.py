@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grain
 
@@ -38,6 +39,9 @@ from atdp_io.schema import SchemaError
 from atdp_io.store import AtdpStore
 from atdp_io.token_masks import ConstraintReplayError
 
+if TYPE_CHECKING:  # llguidance is imported only by a loader that replays masks
+    from atdp_io.mask_replay import MaskReplay
+
 logger = logging.getLogger(__name__)
 
 
@@ -51,8 +55,8 @@ class AtdpLoader:
     `mask_replay`: an `atdp_io.mask_replay.MaskReplay` (the served tokenizer and the
     model's vocabulary size) that rebuilds the masks of calls sampled under a grammar or a
     thinking budget, so they train with the exact masked ratio; without one such a call
-    raises a ValueError naming it. A trajectory whose recorded grammar does not replay over
-    its tokens is skipped (counted as `dropped_bad_constraint`, the error naming the call
+    raises a ValueError naming it. A trajectory whose recorded masks do not replay over its
+    tokens is skipped (counted as `dropped_bad_constraint`, the error naming the call
     logged); it stays stored.
     """
 
@@ -66,7 +70,7 @@ class AtdpLoader:
         current_version: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.time,
         shard: grain.sharding.ShardOptions | None = None,
-        mask_replay=None,
+        mask_replay: MaskReplay | None = None,
     ):
         if not tenants:
             raise ValueError("AtdpLoader: give at least one tenant")

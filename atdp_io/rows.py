@@ -112,9 +112,10 @@ def call_sampling(
 
 
 def sampled_call(turn: LLMTurn, decoding: DecodingParams, where: str) -> LLMTurn:
-    """`turn` with its call's behaviour log-probs, decoding transform and grammar, as recorded
-    in `decoding` (see `call_sampling`). A grammar counts only with recorded behaviour
-    log-probs: without them the behaviour is the unmasked temperature-1 distribution."""
+    """`turn` with its call's behaviour log-probs, decoding transform and token-mask source
+    (grammar, thinking budget), as recorded in `decoding` (see `call_sampling`). A mask counts
+    only with recorded behaviour log-probs: without them the behaviour is the unmasked
+    temperature-1 distribution."""
     behaviour, sampling = call_sampling(decoding, turn.output_ids.shape[0], where)
     constraint = None if behaviour is None else call_constraint(decoding.extra, where)
     return turn._replace(behaviour_logprobs=behaviour, sampling=sampling, constraint=constraint)
@@ -172,7 +173,7 @@ class Row:
     sample_temperature: np.ndarray | None = None  # float32
     sample_top_k: np.ndarray | None = None  # int32
     sample_top_p: np.ndarray | None = None  # float32
-    # Grammar masks (`atdp_io.token_masks`): each token's row of `mask_table` [M, W] int32
+    # Token masks (`atdp_io.token_masks`): each token's row of `mask_table` [M, W] int32
     # (-1: unmasked) [L] int32; both None when no token of the row is masked.
     mask_index: np.ndarray | None = None
     mask_table: np.ndarray | None = None
