@@ -9,7 +9,10 @@ Two sources, one batcher (see pipeline.py):
 Trajectories are read in groups (one TensorStore batch per group), laid out as rows (rows.py)
 and packed into `[rows, seq_len]` batches without ever splitting a trajectory, nor, with
 `LoaderConfig.group_by`, a group of trajectories committed together (groups.py). Iterators are
-checkpointable (`get_state` / `set_state`). Governance is enforced at read time from the index:
+checkpointable (`get_state` / `set_state`). Calls sampled under a token mask (forced tool
+calls, JSON output, thinking budgets) need the loader's `mask_replay` to rebuild their masks;
+a trajectory whose masks do not replay is skipped (logged, counted), the others load.
+Governance is enforced at read time from the index:
 an ineligible, consent-withdrawn, expired or purged trajectory is never even read (the training
 readers underneath refuse one anyway), and a batch is re-checked against purges, expiry and
 governance updates just before it leaves.
@@ -17,9 +20,11 @@ governance updates just before it leaves.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grain
 
@@ -32,6 +37,12 @@ from atdp_io.pipeline import LoaderStarvedError as LoaderStarvedError  # the ite
 from atdp_io.pipeline import ReadGroup, StreamSource, TrajectoryBatcher, TrajectoryRows
 from atdp_io.schema import SchemaError
 from atdp_io.store import AtdpStore
+from atdp_io.token_masks import ConstraintReplayError
+
+if TYPE_CHECKING:  # llguidance is imported only by a loader that replays masks
+    from atdp_io.mask_replay import MaskReplay
+
+logger = logging.getLogger(__name__)
 
 
 class AtdpLoader:
@@ -41,6 +52,12 @@ class AtdpLoader:
     staleness filter); `clock()` gives the time for retention checks. `shard`: the default
     shard of `epoch` / `stream` (None: one per JAX process; `ShardOptions(0, 1)` reads every
     trajectory, e.g. when each process of a job reads a tenant of its own).
+    `mask_replay`: an `atdp_io.mask_replay.MaskReplay` (the served tokenizer and the
+    model's vocabulary size) that rebuilds the masks of calls sampled under a grammar or a
+    thinking budget, so they train with the exact masked ratio; without one such a call
+    raises a ValueError naming it. A trajectory whose recorded masks do not replay over its
+    tokens is skipped (counted as `dropped_bad_constraint`, the error naming the call
+    logged); it stays stored.
     """
 
     def __init__(
@@ -53,6 +70,7 @@ class AtdpLoader:
         current_version: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.time,
         shard: grain.sharding.ShardOptions | None = None,
+        mask_replay: MaskReplay | None = None,
     ):
         if not tenants:
             raise ValueError("AtdpLoader: give at least one tenant")
@@ -61,6 +79,7 @@ class AtdpLoader:
         self.current_version = current_version
         self._clock = clock
         self._shard = shard
+        self.mask_replay = mask_replay
         # Opening a reader checks (and audits) the principal's right to each partition up front.
         self.readers = {
             t: store.reader(
@@ -163,6 +182,13 @@ class AtdpLoader:
             view = views.get(key)
             if view is None:
                 continue  # purged while being read
+            if self.mask_replay is not None:
+                try:
+                    view = self.mask_replay.view(view)
+                except ConstraintReplayError as error:
+                    self.stats.add("dropped_bad_constraint")
+                    logger.warning("%s; trajectory skipped (it stays stored)", error)
+                    continue
             rows, fell_back = rows_lib.trajectory_rows(
                 view,
                 self.config.layout,

@@ -39,7 +39,8 @@ class LoaderStarvedError(ValueError):
 
 class ReadGroup(list):
     """The `TrajectoryRows` read from one group of keys, and how many keys that group had
-    (those missing were ineligible, purged or without LLM calls)."""
+    (those missing were ineligible, purged, without LLM calls or with masks that do not
+    replay)."""
 
     def __init__(self, items, num_keys: int):
         super().__init__(items)
@@ -53,7 +54,7 @@ class DropTally:
 
     too_long: int = 0
     stale: int = 0
-    unreadable: int = 0  # ineligible, purged or without LLM calls
+    unreadable: int = 0  # ineligible, purged, without LLM calls or masks that do not replay
     longest_row: int = 0
     most_rows: int = 0
 
@@ -67,7 +68,10 @@ class DropTally:
         if self.stale:
             parts.append(f"{self.stale} stale")
         if self.unreadable:
-            parts.append(f"{self.unreadable} ineligible, purged or without LLM calls")
+            parts.append(
+                f"{self.unreadable} ineligible, purged or without LLM calls (or with token "
+                "masks that do not replay)"
+            )
         advice = ""
         if self.too_long and self.longest_row > seq_len:
             advice = f"; raise seq_len to at least {self.longest_row}"

@@ -33,7 +33,7 @@ from atdp_io.governance import (
 )
 from atdp_io.index import PartitionIndex, TrajectoryEntry, bits_float
 from atdp_io.layout import Col, Head, PartitionArrays, RecordKind
-from atdp_io.rows import LLMTurn, TrainingView, call_sampling
+from atdp_io.rows import LLMTurn, TrainingView, sampled_call
 from atdp_io.schema import (
     DecodingParams,
     Event,
@@ -394,15 +394,15 @@ _SAMPLED_KEY = b'"sampled_logprobs"'
 
 
 def _with_sampling(turn: LLMTurn, rec: np.ndarray, fetched: dict, entry: TrajectoryEntry):
-    """`turn` with its call's behaviour log-probs and decoding transform, when recorded."""
+    """`turn` with its call's behaviour log-probs, decoding transform and grammar, when
+    recorded."""
     raw = fetched["meta"].get(int(rec[Col.META_START]), int(rec[Col.META_LEN])).tobytes()
     if _SAMPLED_KEY not in raw:
         return turn
     where = f"trajectory {entry.trajectory_id!r} event {turn.event_index}"
     data = codec.loads(raw, where).get("llm", {}).get("decoding", {})
     decoding = codec.from_json(DecodingParams, data, f"{where}.llm.decoding")
-    behaviour, sampling = call_sampling(decoding, turn.output_ids.shape[0], where)
-    return turn._replace(behaviour_logprobs=behaviour, sampling=sampling)
+    return sampled_call(turn, decoding, where)
 
 
 def _decode_trajectory(

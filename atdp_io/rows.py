@@ -10,7 +10,11 @@ Layouts:
 Behaviour log-probs (`rollout_logp`): a call's `decoding.extra["sampled_logprobs"]` (under the
 distribution actually sampled) when recorded, else its temperature-1 `output_logprobs`; a call
 that recorded them under a transform (temperature, top-k, top-p) also carries that transform
-per token (`SAMPLING_KEYS`), so the learner can take its log-probs the same way.
+per token (`SAMPLING_KEYS`), so the learner can take its log-probs the same way. A call
+sampled under a token mask (`decoding.extra["grammar"]`: forced tool calls and JSON output;
+`decoding.extra["think_budget"]`) carries its masks once `atdp_io.mask_replay.MaskReplay`
+rebuilt them (`LLMTurn.masks`): its forced tokens leave the loss mask, the others carry their
+mask (`atdp_io.token_masks`).
 
 Rewards land on the last output token of the LLM call they belong to: an event's own rewards and
 late rewards go to the nearest LLM call at or before the event they point at (late rewards for
@@ -26,6 +30,14 @@ from typing import NamedTuple
 import numpy as np
 
 from atdp_io.schema import DecodingParams, LateReward, Reward, Trajectory
+from atdp_io.token_masks import (
+    CallConstraint,
+    CallMasks,
+    MaskInterner,
+    call_constraint,
+    merge_into,
+    pack_masks,
+)
 
 LAYOUTS = ("concat", "windowed")
 # Batch keys present only when some row's tokens were sampled under a decoding transform.
@@ -51,7 +63,9 @@ class LLMTurn(NamedTuple):
     `behaviour_logprobs [N]`: log-probs under the distribution actually sampled (the call's
     `decoding.extra["sampled_logprobs"]`), None when not recorded (then `output_logprobs`, at
     temperature 1, are the behaviour). `sampling`: the transform those behaviour log-probs are
-    under, None for the plain temperature-1 distribution.
+    under, None for the plain temperature-1 distribution. `constraint`: the grammar or
+    thinking budget the call was sampled under (with recorded behaviour log-probs only), None
+    when free; `masks`: its masks, once rebuilt (`atdp_io.mask_replay`).
     """
 
     event_index: int
@@ -62,6 +76,8 @@ class LLMTurn(NamedTuple):
     loss_mask: np.ndarray
     behaviour_logprobs: np.ndarray | None = None
     sampling: Sampling | None = None
+    constraint: CallConstraint | None = None
+    masks: CallMasks | None = None
 
     @property
     def context_ids(self) -> np.ndarray:
@@ -95,6 +111,16 @@ def call_sampling(
     return sampled, (None if transform == (1.0, 0, 1.0) else transform)
 
 
+def sampled_call(turn: LLMTurn, decoding: DecodingParams, where: str) -> LLMTurn:
+    """`turn` with its call's behaviour log-probs, decoding transform and token-mask source
+    (grammar, thinking budget), as recorded in `decoding` (see `call_sampling`). A mask counts
+    only with recorded behaviour log-probs: without them the behaviour is the unmasked
+    temperature-1 distribution."""
+    behaviour, sampling = call_sampling(decoding, turn.output_ids.shape[0], where)
+    constraint = None if behaviour is None else call_constraint(decoding.extra, where)
+    return turn._replace(behaviour_logprobs=behaviour, sampling=sampling, constraint=constraint)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrainingView:
     """What training needs of a trajectory: its LLM calls and every reward, late ones included.
@@ -111,18 +137,17 @@ class TrainingView:
 
 def training_view(trajectory: Trajectory) -> TrainingView:
     turns = tuple(
-        LLMTurn(
-            i,
-            e.llm.input_ids,
-            e.llm.output_ids,
-            e.llm.output_logprobs,
-            e.llm.output_versions,
-            e.llm.loss_mask,
-            *call_sampling(
-                e.llm.decoding,
-                e.llm.output_ids.shape[0],
-                f"trajectory {trajectory.trajectory_id!r} event {i}",
+        sampled_call(
+            LLMTurn(
+                i,
+                e.llm.input_ids,
+                e.llm.output_ids,
+                e.llm.output_logprobs,
+                e.llm.output_versions,
+                e.llm.loss_mask,
             ),
+            e.llm.decoding,
+            f"trajectory {trajectory.trajectory_id!r} event {i}",
         )
         for i, e in trajectory.llm_events()
     )
@@ -148,6 +173,10 @@ class Row:
     sample_temperature: np.ndarray | None = None  # float32
     sample_top_k: np.ndarray | None = None  # int32
     sample_top_p: np.ndarray | None = None  # float32
+    # Token masks (`atdp_io.token_masks`): each token's row of `mask_table` [M, W] int32
+    # (-1: unmasked) [L] int32; both None when no token of the row is masked.
+    mask_index: np.ndarray | None = None
+    mask_table: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -240,7 +269,8 @@ def trajectory_rows(
     rows = []
     for ordinal, turn in enumerate(view.turns):
         row = _empty_row(turn.context_ids, ordinal)
-        rows.append(_place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index]))
+        start, reward = turn.input_ids.shape[0], rewards[turn.event_index]
+        rows.append(_place_output(row, start, turn, reward, _where(view, turn)))
     return rows, layout == "concat"
 
 
@@ -256,35 +286,64 @@ def _empty_row(tokens: np.ndarray, turn: int) -> Row:
     )
 
 
-def _place_output(row: Row, start: int, turn: LLMTurn, reward: float) -> Row:
+def _place_output(row: Row, start: int, turn: LLMTurn, reward: float, where: str) -> Row:
     """Writes the call's output into `row` (in place); returns the row, replaced by a copy that
-    carries sampling arrays when this call is the first of the row with a transform."""
+    carries sampling (and mask) arrays when this call is the first of the row with a transform
+    (a token mask). Forced tokens leave the loss mask (`atdp_io.token_masks`)."""
     end = start + turn.output_ids.shape[0]
-    if turn.sampling is not None:
-        if row.sample_temperature is None:
-            n = row.length
-            row = dataclasses.replace(
-                row,
-                sample_temperature=np.ones(n, np.float32),
-                sample_top_k=np.zeros(n, np.int32),
-                sample_top_p=np.ones(n, np.float32),
+    loss_mask = turn.loss_mask
+    if turn.constraint is not None:
+        if turn.masks is None:
+            raise ValueError(
+                f"{where}: the call was sampled under a token mask (decoding.extra.grammar or "
+                "think_budget); rebuild its masks first (atdp_io.mask_replay.MaskReplay; the loader: "
+                "AtdpLoader(mask_replay=...)) so it trains with the masked ratio"
             )
+        loss_mask = np.where(turn.masks.forced, 0, loss_mask).astype(loss_mask.dtype)
+        if turn.masks.table.shape[0]:
+            row = _place_masks(row, start, turn.masks)
+    needs_sampling = turn.sampling is not None or row.mask_index is not None
+    if needs_sampling and row.sample_temperature is None:
+        n = row.length
+        row = dataclasses.replace(
+            row,
+            sample_temperature=np.ones(n, np.float32),
+            sample_top_k=np.zeros(n, np.int32),
+            sample_top_p=np.ones(n, np.float32),
+        )
+    if turn.sampling is not None:
         row.sample_temperature[start:end] = turn.sampling.temperature
         row.sample_top_k[start:end] = turn.sampling.top_k
         row.sample_top_p[start:end] = turn.sampling.top_p
     behaviour = turn.output_logprobs if turn.behaviour_logprobs is None else turn.behaviour_logprobs
-    row.loss_mask[start:end] = turn.loss_mask
-    row.rollout_logp[start:end] = np.where(turn.loss_mask > 0, behaviour, 0.0)
+    row.loss_mask[start:end] = loss_mask
+    row.rollout_logp[start:end] = np.where(loss_mask > 0, behaviour, 0.0)
     row.versions[start:end] = turn.output_versions
     # An empty output (the call produced nothing) keeps its reward on the last context token.
     row.rewards[max(end - 1, 0)] += reward
     return row
 
 
+def _place_masks(row: Row, start: int, masks: CallMasks) -> Row:
+    """A copy of `row` whose mask table also holds the call's masks (each distinct mask once),
+    with the call's tokens from `start` pointing into it."""
+    interner = MaskInterner(masks.table.shape[1])
+    for mask in () if row.mask_table is None else row.mask_table:
+        interner.add(mask)  # same order: the row's indices stay valid
+    index = np.full(row.length, -1, np.int32) if row.mask_index is None else row.mask_index
+    index[start : start + masks.index.shape[0]] = merge_into(interner, masks)
+    return dataclasses.replace(row, mask_index=index, mask_table=interner.table())
+
+
+def _where(view: TrainingView, turn: LLMTurn) -> str:
+    return f"trajectory {view.trajectory_id!r} event {turn.event_index}"
+
+
 def _concat_row(view: TrainingView, rewards: dict[int, float]) -> Row:
     row = _empty_row(view.turns[-1].context_ids, 0)
     for turn in view.turns:
-        row = _place_output(row, turn.input_ids.shape[0], turn, rewards[turn.event_index])
+        start = turn.input_ids.shape[0]
+        row = _place_output(row, start, turn, rewards[turn.event_index], _where(view, turn))
     return row
 
 
@@ -299,7 +358,9 @@ def pack_batch(
     trajectory's slot in this batch) and `turn_index [R] int32`; both -1 on padding rows.
     When some row carries a decoding transform, also `sample_temperature [R, T] float32`,
     `sample_top_k [R, T] int32` and `sample_top_p [R, T] float32` (`SAMPLING_KEYS`; the identity
-    1 / 0 / 1 elsewhere); otherwise the batch is exactly as without them.
+    1 / 0 / 1 elsewhere); otherwise the batch is exactly as without them. When some row holds
+    a masked token, also `MASK_KEYS`: `mask_index [R, T] int32` and `mask_table [R, M, W]
+    int32` (`atdp_io.token_masks.pack_masks`; such a row always carries the sampling keys).
     """
     total = sum(len(g) for g in groups)
     if total > rows:
@@ -340,4 +401,9 @@ def pack_batch(
                 batch["sample_top_k"][r, :n] = row.sample_top_k
                 batch["sample_top_p"][r, :n] = row.sample_top_p
             r += 1
+    masked = [(row.mask_index, row.mask_table) for g in groups for row in g]
+    tables = [table for _, table in masked if table is not None]
+    if tables:
+        packed = [None if index is None else (index, table) for index, table in masked]
+        batch.update(pack_masks(packed, rows, seq_len, tables[0].shape[1]))
     return batch

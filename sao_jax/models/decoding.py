@@ -1,11 +1,13 @@
-"""Log-probs under a decoding transform (temperature, top-k, top-p), differentiable.
+"""Log-probs under a decoding transform (a grammar mask, temperature, top-k, top-p),
+differentiable.
 
 The sampler draws each token from a transformed distribution and records its log-prob there
 (`sao_jax.rollout.sampling.behaviour_logprob`); the learner's DIS ratio `pi_theta(a) / mu(a)`
 is only 1 at the sampling weights when `pi_theta` goes through the same transform. This module
 is that transform for the learner: pure jax, below both `rollout` and `train` (no cycle).
 
-Semantics match `sao_jax.rollout.sampling.sample_tokens`: logits / temperature, then top-k,
+Semantics match `sao_jax.rollout.sampling.sample_tokens` on the sampler's masked logits:
+disallowed ids at -inf (constrained decoding's token mask), logits / temperature, then top-k,
 then top-p (smallest prefix of the sorted kept mass reaching top_p, HF order), renormalised.
 The kept set is piecewise constant in the weights, so the gradient flows through the softmax
 over the kept set only. Two cases have no density and get a constant (zero gradient):
@@ -55,18 +57,29 @@ def keep_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
     return to_vocabulary_order(keep, order)
 
 
+def mask_bits(words: jax.Array, vocab: int) -> jax.Array:
+    """Bitmasks [..., W] int32 (bit i % 32 of word i // 32: id i allowed; the sampler's layout)
+    -> [..., vocab] bool."""
+    bits = (words[..., None] >> jnp.arange(32, dtype=words.dtype)) & 1
+    return bits.reshape(*words.shape[:-1], -1)[..., :vocab].astype(bool)
+
+
 def transformed_logprob(
     logits: jax.Array,
     tokens: jax.Array,
     temperature: jax.Array,
     top_k: jax.Array,
     top_p: jax.Array,
+    allowed: jax.Array | None = None,
 ) -> jax.Array:
     """log-prob of `tokens` [N] under the transformed distribution of `logits` [N, V] (float32,
-    temperature 1, already masked where a constraint applies); temperature / top_p [N] float,
-    top_k [N] int. Returns [N] float32, differentiable w.r.t. `logits` (see the module
-    docstring for the greedy and out-of-set constants)."""
+    temperature 1); temperature / top_p [N] float, top_k [N] int; `allowed` [N, V] bool: the
+    ids a grammar mask left (the others go to -inf first, as in the sampler; None: all).
+    Returns [N] float32, differentiable w.r.t. `logits` (see the module docstring for the
+    greedy and out-of-set constants)."""
     logits = logits.astype(jnp.float32)
+    if allowed is not None:
+        logits = jnp.where(allowed, logits, -jnp.inf)
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
     # the sort is not differentiable and only decides membership
@@ -90,12 +103,21 @@ def chunked_transformed_logprobs(
     top_k: jax.Array,
     top_p: jax.Array,
     *,
+    mask_index: jax.Array | None = None,
+    mask_table: jax.Array | None = None,
     chunk_size: int = LOGPROB_CHUNK,
 ) -> jax.Array:
     """`transformed_logprob` from hidden states [B, K, D] and unembedding [D, V] for targets
     and transforms [B, K]: [B, K] float32. Chunked over K with rematerialisation, so one
-    [B, chunk, V] logits block (plus its sort) lives at a time, forward and backward."""
+    [B, chunk, V] logits block (plus its sort and mask) lives at a time, forward and backward.
+
+    Token masks: `mask_table` [M, W] int32 bitmasks and `mask_index` [B, K] int32, each
+    target's mask in the table (-1: unmasked); the [B, chunk, V] bits are unpacked inside the
+    chunk, never for all K at once."""
     b, k, _ = hidden.shape
+    masked = mask_table is not None
+    if not masked:
+        mask_index = jnp.full((b, k), -1, jnp.int32)
     chunk = min(chunk_size, k)
     pad = (-k) % chunk
     n = (k + pad) // chunk
@@ -108,10 +130,16 @@ def chunked_transformed_logprobs(
     w = unembedding.astype(hidden.dtype)
 
     @jax.checkpoint
-    def one_chunk(h, t, temp, kk, pp):
+    def one_chunk(h, t, temp, kk, pp, mi):
         logits = jnp.einsum("bcd,dv->bcv", h, w, preferred_element_type=jnp.float32)
-        flat = lambda x: x.reshape(b * chunk, *x.shape[2:])  # noqa: E731
-        out = transformed_logprob(flat(logits), flat(t), flat(temp), flat(kk), flat(pp))
+        allowed = None
+        if masked:
+            words = mask_table[jnp.maximum(mi, 0)]
+            allowed = mask_bits(words, logits.shape[-1]) | (mi < 0)[..., None]
+        flat = lambda x: None if x is None else x.reshape(b * chunk, *x.shape[2:])  # noqa: E731
+        out = transformed_logprob(
+            flat(logits), flat(t), flat(temp), flat(kk), flat(pp), flat(allowed)
+        )
         return out.reshape(b, chunk)
 
     args = (
@@ -120,6 +148,7 @@ def chunked_transformed_logprobs(
         split(temperature, 1.0),
         split(top_k, 0),
         split(top_p, 1.0),
+        split(mask_index, -1),
     )
     logp = jax.lax.map(lambda a: one_chunk(*a), args)
     return logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :k]

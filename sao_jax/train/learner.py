@@ -41,7 +41,7 @@ from sao_jax.train.learner_steps import (
     trace_key,
 )
 from sao_jax.train.partition import split_trainable
-from sao_jax.train.steps import BATCH_KEYS, SAMPLING_KEYS, Placement, make_optimizer
+from sao_jax.train.steps import BATCH_KEYS, MASK_KEYS, SAMPLING_KEYS, Placement, make_optimizer
 
 Metrics = dict[str, Any]
 
@@ -385,6 +385,9 @@ class Learner:
         host = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
         # tokens sampled under a decoding transform: their log-probs are taken under it
         host.update({k: np.asarray(batch[k]) for k in SAMPLING_KEYS if k in batch})
+        if MASK_KEYS[0] in batch:  # and their grammar masks (`atdp_io.token_masks`)
+            host.update({k: np.asarray(batch[k]) for k in MASK_KEYS})
+            host["mask_table"] = _common_mask_rows(host["mask_table"])
         if self.algorithm.opd and "skill_logp" in batch:
             host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
         if self.algorithm.advantage == "group":
@@ -552,3 +555,14 @@ def _staleness(batch: Mapping[str, np.ndarray], version: int) -> dict[str, float
         return {"batch/staleness_mean": 0.0, "batch/staleness_max": 0.0}
     lag = version - versions.astype(np.int64)
     return {"batch/staleness_mean": float(lag.mean()), "batch/staleness_max": float(lag.max())}
+
+
+def _common_mask_rows(table: np.ndarray) -> np.ndarray:
+    """A batch's `mask_table` [R, M, W] padded to the largest M of any process (the table is a
+    compiled shape, like the batch's; one process: as it is)."""
+    if jax.process_count() == 1:
+        return table
+    from sao_jax.distributed.host_sync import allgather_numbers
+
+    most = int(allgather_numbers([table.shape[1]]).max())
+    return np.pad(table, ((0, 0), (0, most - table.shape[1]), (0, 0)))

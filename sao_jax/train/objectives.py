@@ -35,7 +35,7 @@ from sao_jax.models.decoding import chunked_transformed_logprobs
 from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.train.config import OpdConfig
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
-from sao_jax.train.steps import SAMPLING_KEYS
+from sao_jax.train.steps import MASK_KEYS, SAMPLING_KEYS
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -222,12 +222,15 @@ def policy_logprobs(
 
 
 def sampled_tokens(batch: Batch) -> jax.Array:
-    """[R, T] bool: the tokens sampled under a decoding transform (not temperature 1 untruncated);
-    all False without the batch's `SAMPLING_KEYS`."""
+    """[R, T] bool: the tokens sampled under a decoding transform (not temperature 1 untruncated,
+    or under a grammar mask); all False without the batch's `SAMPLING_KEYS`."""
     if SAMPLING_KEYS[0] not in batch:
         return jnp.zeros(batch["tokens"].shape, bool)
     temperature, top_k, top_p = (batch[k] for k in SAMPLING_KEYS)
-    return (temperature != 1.0) | (top_k > 0) | (top_p < 1.0)
+    transformed = (temperature != 1.0) | (top_k > 0) | (top_p < 1.0)
+    if MASK_KEYS[0] in batch:
+        transformed = transformed | (batch[MASK_KEYS[0]] >= 0)
+    return transformed
 
 
 def _sampled_logprobs(
@@ -242,13 +245,35 @@ def _sampled_logprobs(
     log-prob under that transform (`sao_jax.models.decoding`), so the DIS ratio against the
     sampler's behaviour log-prob is 1 at the sampling weights. Temperature-1 untruncated tokens
     keep the plain head's value, bit for bit. The transformed head runs at every action
-    position of the batch (a second LM head pass there, plus a vocabulary sort)."""
+    position of the batch (a second LM head pass there, plus a vocabulary sort).
+
+    Token masks (the batch's `MASK_KEYS`, `atdp_io.token_masks`): a token sampled under one
+    gets its log-prob under the masked, transformed distribution -- the sampler's, exactly.
+    Forced tokens (one allowed id) are not action tokens: the loader leaves them out of the
+    loss mask, since their masked probability is 1 under any weights (no gradient, ratio 1)."""
     at_actions = at.take
+    masks = {}
+    if MASK_KEYS[0] in batch:
+        table = batch["mask_table"]
+        vocab = policy.unembedding().shape[-1]
+        if table.shape[-1] != (vocab + 31) // 32:
+            raise ValueError(
+                f"mask_table holds {table.shape[-1]}-word bitmasks; the policy's {vocab}-id "
+                f"vocabulary needs {(vocab + 31) // 32} (MaskReplay's vocab_size must be the "
+                "model's)"
+            )
+        # each row's table, flattened: entry (row, m) is row * M + m, whatever the action
+        # layout (a row per group or several)
+        rows, m = table.shape[0], table.shape[1]
+        index = at_actions(batch["mask_index"])
+        flat = jnp.where(index >= 0, at.row * m + index, -1)
+        masks = dict(mask_index=flat, mask_table=table.reshape(rows * m, -1))
     transformed = chunked_transformed_logprobs(
         gather_hidden(batch, hidden, at.row, at.predictors),
         policy.unembedding(),
         at_actions(batch["tokens"]),
         *(at_actions(batch[k]) for k in SAMPLING_KEYS),
+        **masks,
         chunk_size=chunk_size,
     )
     rows = at.to_rows(transformed, batch["tokens"].shape[1])

@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 
 from atdp_io.rows import SAMPLING_KEYS as SAMPLING_KEYS
+from atdp_io.token_masks import MASK_KEYS as MASK_KEYS
 from sao_jax.models.steps import batch_sharding
 from sao_jax.sharding import LogicalRules, named_sharding, state_shardings
 from sao_jax.train.config import OptimizerConfig
@@ -42,7 +43,9 @@ BATCH_KEYS = (
     "turn_index",
 )
 # Optional [R, T] keys (`SAMPLING_KEYS`, from atdp_io.rows): the decoding transform each action
-# token was sampled under; absent, every token was sampled at temperature 1.
+# token was sampled under; absent, every token was sampled at temperature 1. Optional
+# `MASK_KEYS` (`mask_index` [R, T], `mask_table` [R, M, W], from atdp_io.token_masks): the
+# grammar mask of each constrained action token; present only with the sampling keys.
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:

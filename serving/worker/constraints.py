@@ -7,7 +7,9 @@ served tokenizer and answers, after each token, which ids keep the output inside
 Once the grammar is complete only the stop tokens are allowed, so the reply ends there.
 
 The data proxy writes the grammars (`serving/proxy/grammars.py`: it knows the chat format,
-e.g. Qwen's `<tool_call>` blocks); the worker only compiles and follows them.
+e.g. Qwen's `<tool_call>` blocks) and records them with the call; the worker only compiles and
+follows them. The rule from grammar state to bitmask is `atdp_io.grammar_masks`'s, which
+training replays over the recorded tokens to rebuild these exact masks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 
+from atdp_io.grammar_masks import (
+    allowed_bitmask,
+    guidance_tokenizer,
+    lark_matcher,
+    stop_bitmask,
+)
 from serving.common.errors import bad_request
 
 
@@ -26,24 +34,15 @@ class GrammarCompiler:
     def __init__(self, tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]):
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self.stop_mask = np.zeros((self.words,), np.uint32)
-        for token in stop_ids:
-            self.stop_mask[token // 32] |= np.uint32(1 << (token % 32))
-        self.stop_mask = self.stop_mask.view(np.int32)
-        self.tokenizer = llguidance.LLTokenizer(
-            tokenizer_json, n_vocab=vocab_size, eos_token=list(stop_ids)
-        )
+        self.stop_mask = stop_bitmask(stop_ids, self.words)
+        self.tokenizer = guidance_tokenizer(tokenizer_json, vocab_size, stop_ids)
 
     def compile(self, grammar: str) -> TokenConstraint:
         """400 naming the problem when the grammar (or a schema inside it) is invalid."""
         try:
-            matcher = llguidance.LLMatcher(
-                self.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
-            )
-        except (ValueError, RuntimeError) as error:
+            matcher = lark_matcher(self.tokenizer, grammar)
+        except ValueError as error:
             raise bad_request(f"cannot compile the output constraint: {error}") from None
-        if matcher.is_error():
-            raise bad_request(f"cannot compile the output constraint: {matcher.get_error()}")
         return TokenConstraint(matcher, self.words, self.stop_mask)
 
 
@@ -58,14 +57,8 @@ class TokenConstraint:
     def bitmask(self) -> np.ndarray:
         """[ceil(V / 32)] int32, bit i % 32 of word i // 32 set when id i may come next. A
         matcher in an error state (a broken grammar) allows only the stop tokens: the reply
-        ends rather than leaving the grammar."""
-        if self.matcher.is_error():
-            return self.stop_mask.copy()
-        mask = np.zeros((self.words,), np.int32)
-        bits = np.frombuffer(self.matcher.compute_bitmask(), np.int32)
-        n = min(len(bits), self.words)
-        mask[:n] = bits[:n]
-        return mask if mask.any() else self.stop_mask.copy()
+        ends rather than leaving the grammar (`atdp_io.grammar_masks.allowed_bitmask`)."""
+        return allowed_bitmask(self.matcher, self.words, self.stop_mask)
 
     def consume(self, token: int) -> None:
         """Advance past a sampled token (the mask allowed it, so this cannot fail unless the

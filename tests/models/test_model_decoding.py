@@ -119,3 +119,57 @@ def test_chunked_matches_the_direct_form(chunk_size):
         logits, targets.reshape(-1), temp.reshape(-1), top_k.reshape(-1), top_p.reshape(-1)
     ).reshape(b, k)
     np.testing.assert_allclose(np.asarray(got), np.asarray(direct), atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [3, 256])
+def test_chunked_with_grammar_masks_equals_the_sampler_on_masked_logits(chunk_size):
+    """Masks as the learner passes them (each row's table flattened, an index per target, -1:
+    unmasked), unpacked inside the chunks: the sampler's behaviour log-prob on its masked
+    logits, for every setting (a vocabulary that is not a multiple of 32: the last word's
+    high bits are ignored, as in the sampler)."""
+    b, k, d, v = 2, 12, 8, 40
+    rng = np.random.default_rng(9)
+    hidden = jax.random.normal(jax.random.key(10), (b, k, d))
+    w = 2.0 * jax.random.normal(jax.random.key(11), (d, v))
+    words = (v + 31) // 32
+    allowed = rng.random((b, 3, v)) < 0.4
+    allowed[:, :, 0] = True  # never empty
+    table = np.zeros((b, 4, words), np.uint32)  # one padding entry, as pack_masks leaves
+    for r, m, i in zip(*np.nonzero(allowed), strict=True):
+        table[r, m, i // 32] |= np.uint32(1 << (i % 32))
+    table[:, :, -1] |= np.uint32(0xFFFF0000)  # bits past the vocabulary
+    table = jnp.asarray(table.view(np.int32))
+    index = jnp.asarray(rng.integers(-1, 3, (b, k)), jnp.int32)
+    settings = jnp.asarray([*SETTINGS, (0.0, 0, 1.0)] * 2)[:k]
+    temp = jnp.tile(settings[:, 0], (b, 1))
+    top_k = jnp.tile(settings[:, 1], (b, 1)).astype(jnp.int32)
+    top_p = jnp.tile(settings[:, 2], (b, 1))
+    logits = jnp.einsum("bkd,dv->bkv", hidden, w).reshape(b * k, v)
+    bits = jax.vmap(lambda t, i: t[i])(table, jnp.maximum(index, 0)).reshape(b * k, words)
+    mask = allowed_tokens(bits, v) | (index.reshape(-1) < 0)[:, None]
+    masked = jnp.where(mask, logits, -jnp.inf)
+    flat = lambda x: x.reshape(-1)  # noqa: E731
+    keys = jax.random.split(jax.random.key(12), b * k)
+    targets = sample_tokens(masked, keys, flat(temp), flat(top_k), flat(top_p))
+    expected = behaviour_logprob(masked, targets, flat(temp), flat(top_k), flat(top_p))
+    got = chunked_transformed_logprobs(
+        hidden,
+        w,
+        targets.reshape(b, k),
+        temp,
+        top_k,
+        top_p,
+        mask_index=jnp.where(index >= 0, jnp.arange(b)[:, None] * 4 + index, -1),
+        mask_table=table.reshape(b * 4, words),
+        chunk_size=chunk_size,
+    )
+    np.testing.assert_allclose(np.asarray(got).reshape(-1), np.asarray(expected), atol=2e-5)
+    # and not the unmasked values wherever a mask removed mass from a sampled row
+    plain = chunked_transformed_logprobs(
+        hidden, w, targets.reshape(b, k), temp, top_k, top_p, chunk_size=chunk_size
+    )
+    differs = np.abs(np.asarray(plain - got)).reshape(-1) > 1e-4
+    masked_rows = np.asarray((index.reshape(-1) >= 0) & (flat(temp) > 0))
+    assert (
+        differs[masked_rows].mean() > 0.5 and not differs[np.asarray(index.reshape(-1) < 0)].any()
+    )

@@ -1,0 +1,68 @@
+"""The grammar mask rule of constrained decoding (llguidance), shared by the serving worker
+and the training replay.
+
+The serving worker (`serving/worker/constraints.py`) compiles a call's output grammar (Lark in
+llguidance's dialect, recorded as `decoding.extra.grammar`) against the served tokenizer and,
+before each token, turns llguidance's answer into the bitmask the sampler applies
+(`allowed_bitmask`). A mask depends on the grammar and the tokens so far only, never on the
+weights, so the same functions over the recorded output ids (`grammar_steps`, driven by
+`atdp_io.mask_replay.MaskReplay`) rebuild the sampler's masks bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import llguidance
+import numpy as np
+
+
+def stop_bitmask(stop_ids: Sequence[int], words: int) -> np.ndarray:
+    """[words] int32 bitmask allowing exactly `stop_ids`."""
+    mask = np.zeros((words,), np.uint32)
+    for token in stop_ids:
+        mask[token // 32] |= np.uint32(1 << (token % 32))
+    return mask.view(np.int32)
+
+
+def allowed_bitmask(matcher: llguidance.LLMatcher, words: int, stop_mask: np.ndarray) -> np.ndarray:
+    """[words] int32, bit i % 32 of word i // 32 set when id i may come next. A matcher in an
+    error state (a broken grammar), or one allowing nothing, allows only the stop tokens: the
+    reply ends rather than leaving the grammar."""
+    if matcher.is_error():
+        return stop_mask.copy()
+    mask = np.zeros((words,), np.int32)
+    bits = np.frombuffer(matcher.compute_bitmask(), np.int32)
+    n = min(len(bits), words)
+    mask[:n] = bits[:n]
+    return mask if mask.any() else stop_mask.copy()
+
+
+def guidance_tokenizer(
+    tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]
+) -> llguidance.LLTokenizer:
+    """llguidance's view of a Hugging Face `tokenizer.json` over `vocab_size` ids (the
+    logits' width), `stop_ids` ending a sequence (allowed once the grammar is complete)."""
+    return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(stop_ids))
+
+
+def lark_matcher(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
+    """A matcher of `grammar`; ValueError with llguidance's message when it does not compile."""
+    try:
+        matcher = llguidance.LLMatcher(
+            tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
+        )
+    except (ValueError, RuntimeError) as error:
+        raise ValueError(str(error)) from None
+    if matcher.is_error():
+        raise ValueError(matcher.get_error())
+    return matcher
+
+
+def grammar_steps(
+    matcher: llguidance.LLMatcher, words: int, stop_mask: np.ndarray, output_ids: np.ndarray
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(token, the mask the worker applied before it) along `output_ids`, advancing `matcher`."""
+    for token in output_ids.tolist():
+        yield token, allowed_bitmask(matcher, words, stop_mask)
+        matcher.consume_token(token)
