@@ -18,6 +18,7 @@ from flax import nnx
 
 from atdp_io import AtdpStore
 from atdp_io.loader import AtdpLoader, LoaderConfig
+from atdp_io.mask_replay import MaskReplay
 from atdp_io.retention import PurgeSchedule
 from atdp_io.trained_on import TrainedOn
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
@@ -234,7 +235,17 @@ class Run:
             ),
             current_version=current_version,
             shard=grain.sharding.ShardOptions(shard_index=0, shard_count=1),  # its own tenant
+            mask_replay=self.mask_replay(),
         )
+
+    def mask_replay(self) -> MaskReplay | None:
+        """What rebuilds the grammar and thinking-budget masks of constrained calls (served
+        traffic of the online job) with the run's tokenizer, so they train with the exact masked
+        ratio; None for a tokenizer without a Hugging Face backend (the rollout engine's word
+        tokenizer samples unconstrained)."""
+        if getattr(self.tokenizer, "backend", None) is None:
+            return None
+        return MaskReplay.from_tokenizer(self.tokenizer, self.policy.config.vocab_size)
 
     def purge_schedule(self, name: str) -> PurgeSchedule | None:
         """Retention of this process's tenant `name` while it trains: a started thread purging

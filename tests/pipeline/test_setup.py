@@ -52,3 +52,15 @@ def test_evaluation_splits_default_to_the_envs_and_unknown_ones_are_refused(tmp_
     with pytest.raises(SystemExit) as exit_info:  # the command line says so before any run
         alfworld_sao.main(["--config", "micro", "--out", out, "eval.splits=[valid_seen,nope]"])
     assert exit_info.value.code == 2 and "eval.splits must name splits" in capsys.readouterr().err
+
+
+def test_the_runs_loaders_rebuild_constrained_calls_masks_with_its_tokenizer(tmp_path):
+    """Served traffic (the online job) may hold grammar-constrained calls: the run's loaders get
+    a `MaskReplay` of the run's own tokenizer and the policy's vocabulary width."""
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
+    run = pipeline_setup.Run(config)
+    loader = run.loader("rollouts", rows=config.rl.rows, seq_len=64)
+    replay = loader.mask_replay
+    assert replay is not None and replay.vocab_size == run.policy.config.vocab_size
+    assert replay.words == -(-run.policy.config.vocab_size // 32)
+    assert replay.tokenizer_json == run.tokenizer.backend.to_str()
