@@ -16,11 +16,13 @@ tenant: `python -m sao_jax.seed inspect DIR/atdp`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
 
 from atdp_io import lineage
+from sao_jax.losses.seed import SKILL_KINDS
 from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.job import Job
@@ -29,6 +31,7 @@ from sao_jax.pipeline.setup import Run
 from sao_jax.pipeline.summary import CURVE_KEYS
 from sao_jax.rollout import WeightPublisher
 from sao_jax.seed import SeedLearner, label_and_store, make_analyzer, write_skills
+from sao_jax.seed.analyzers import RuleBasedAnalyzer
 from sao_jax.seed.config import SeedConfig
 from sao_jax.train import BehaviourCloner, Learner, get_algorithm
 
@@ -72,7 +75,11 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
     sampler = run.sampler(ANALYZER_SAMPLER)
     sampler.update_weights(run.policy, 0)
     analyzer = make_analyzer(
-        spec.sft_analyzer, config=spec, sampler=sampler, tokenizer=run.tokenizer
+        spec.sft_analyzer,
+        config=spec,
+        sampler=sampler,
+        tokenizer=run.tokenizer,
+        env=config.env.name,
     )
     labelled = label_and_store(
         run.store, played, analyzer, run.tokenizer, tenant=SEED_SFT, max_actions=spec.max_actions
@@ -146,6 +153,7 @@ def make_learner(run: Run) -> Learner:
         config=spec,
         sampler=run.sampler(ANALYZER_SAMPLER),
         tokenizer=run.tokenizer,
+        env=config.env.name,
     )
     on_skills = None
     if spec.store_skills:
@@ -168,22 +176,37 @@ def make_learner(run: Run) -> Learner:
         tokenizer=run.tokenizer,
         max_skill_tokens=spec.max_skill_tokens,
         think=config.rollout.think,
+        env=config.env.name,
         on_skills=on_skills,
+        # the rule-based analyzers read each episode's game spec from its stored header
+        store=run.store if isinstance(analyzer, RuleBasedAnalyzer) else None,
     )
 
 
+# summary key -> metrics key of SEED's per-iteration signal and cost (means over RL iterations)
+SEED_SUMMARY_KEYS = {
+    "seed_analysis_seconds_per_iter": "seed/analysis_seconds",
+    "seed_rescore_seconds_per_iter": "seed/rescore_seconds",
+    "seed_opd_delta_mean": "policy/opd_delta_mean",
+    "seed_opd_delta_p50": "policy/opd_delta_p50",
+    "seed_opd_gate_mean": "policy/opd_gate_mean",
+    "seed_opd_gate_rate": "policy/opd_gate_rate",
+    "seed_opd_token_grad_share": "policy/opd_token_grad_share",
+    "seed_opd_grad_share": "policy/opd_grad_share",
+    "seed_opd_loss": "policy/opd_loss",
+    **{f"seed_opd_gap_{kind}": f"policy/opd_gap_{kind}" for kind in SKILL_KINDS},
+    **{f"seed_skills_{kind}": f"seed/skills_{kind}" for kind in SKILL_KINDS},
+}
+
+
 def seed_summary(records: list[dict], sft: dict) -> dict:
-    """SEED's cost and signal over the run's RL iterations (means), plus stage-1 counts."""
+    """SEED's cost and signal over the run's RL iterations (means of `SEED_SUMMARY_KEYS`;
+    None when never logged, a per-kind gap over the iterations that had that kind), plus
+    stage-1 counts."""
     out = {f"seed_{k}": v for k, v in sft.items()}
-    keys = {
-        "seed_analysis_seconds_per_iter": "seed/analysis_seconds",
-        "seed_rescore_seconds_per_iter": "seed/rescore_seconds",
-        "seed_opd_delta_mean": "policy/opd_delta_mean",
-        "seed_opd_gate_mean": "policy/opd_gate_mean",
-        "seed_opd_loss": "policy/opd_loss",
-    }
-    for name, key in keys.items():
+    for name, key in SEED_SUMMARY_KEYS.items():
         values = [r[key] for r in records if isinstance(r.get(key), int | float)]
+        values = [v for v in values if math.isfinite(v)]
         out[name] = float(np.mean(values)) if values else None
     return out
 
@@ -193,7 +216,13 @@ class SeedJob(Job):
     `seed_*` keys in the summary. One process (with any number of its devices)."""
 
     multi_process = False
-    curve_keys = (*CURVE_KEYS, "policy/opd_gate_mean", "policy/opd_delta_mean", "sft/nll")
+    curve_keys = (
+        *CURVE_KEYS,
+        "policy/opd_gate_rate",
+        "policy/opd_delta_mean",
+        "policy/opd_token_grad_share",
+        "sft/nll",
+    )
 
     def make_learner(self) -> Learner:
         return make_learner(self.state)

@@ -378,6 +378,8 @@ class Learner:
         host.update({k: np.asarray(batch[k]) for k in SAMPLING_KEYS if k in batch})
         if self.algorithm.opd and "skill_logp" in batch:
             host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
+            if "skill_kinds" in batch:  # [R] bitmask of the skill's kinds: per-kind gap metrics
+                host["skill_kinds"] = np.asarray(batch["skill_kinds"], np.int32)
         if self.algorithm.advantage == "group":
             host["group_id"] = adv_lib.prompt_group_ids(host)
         if compact:

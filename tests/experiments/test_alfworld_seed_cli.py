@@ -6,6 +6,7 @@ import pytest
 
 from atdp_io import AtdpStore
 from experiments import alfworld_seed
+from sao_jax.losses import SKILL_KINDS
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.seed import SeedExperimentConfig
 from sao_jax.seed import load_skills
@@ -36,10 +37,16 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
         saved["seed_analysis_seconds_per_iter"] > 0 and saved["seed_rescore_seconds_per_iter"] > 0
     )
     assert 0 < saved["seed_opd_gate_mean"] < 1
+    assert 0 <= saved["seed_opd_gate_rate"] <= 1 and saved["seed_opd_token_grad_share"] > 0
+    assert saved["seed_opd_grad_share"] is None  # learner.opd.grad_share is off by default
     records = read_metrics(tmp_path)
     assert any("sft/nll" in r for r in records)
     rl = [r for r in records if r.get("phase") == 1.0]
     assert rl and all("policy/opd_loss" in r and "seed/skills" in r for r in rl)
+    # every stage-2 skill is classified; the per-kind gap is logged for each kind
+    for r in rl:
+        assert sum(r[f"seed/skills_{k}"] > 0 for k in SKILL_KINDS) >= 1
+        assert all(f"policy/opd_gap_{k}" in r for k in SKILL_KINDS)
     store = AtdpStore.open(str(tmp_path / "atdp"), create=False)
     stage1 = load_skills(store, tenant="seed_sft")
     assert len(stage1) == 2 and {s.skill.analyzer for s in stage1} == {"rule_alfworld"}
@@ -68,3 +75,36 @@ def test_compare_algos_gives_seed_algorithms_a_seed_config(tmp_path):
     assert run.hindsight == alfworld_seed.PRESETS["micro"].hindsight
     plain = compare_algos.run_config(config, "sao", 1, None)
     assert not hasattr(plain, "hindsight") and plain.learner.algorithm == "sao"
+
+
+def test_compare_algos_reports_seed_diagnostics_and_cost_columns(tmp_path):
+    from experiments import compare_algos
+
+    base = {"unseen_success_start": 0.2, "unseen_success_end": 0.3, "seen_success_end": 0.3,
+            "policy_steps": 2, "rl_env_steps": 8, "rl_seconds": 1.0}  # fmt: skip
+    seed = {"seed_opd_delta_mean": -0.1, "seed_opd_delta_p50": -0.05, "seed_opd_gate_rate": 0.4,
+            "seed_opd_grad_share": None, "seed_opd_token_grad_share": 0.02,
+            "seed_opd_gap_fact": 0.3, "seed_opd_gap_failed_command": None,
+            "seed_opd_gap_procedure": 0.5, "seed_opd_gap_other": -0.2,
+            "seed_analysis_seconds_per_iter": 0.1, "seed_rescore_seconds_per_iter": 0.4}  # fmt: skip
+    for name, summary in (("sao", base), ("sao_seed", {**base, **seed})):
+        for run_seed, shift in ((0, 0.0), (1, 0.2)):
+            run = tmp_path / f"{name}-seed{run_seed}"
+            run.mkdir()
+            moved = {k: v + shift if isinstance(v, float) and k.startswith("seed_opd_gap") else v
+                     for k, v in summary.items()}  # fmt: skip
+            (run / "summary.json").write_text(json.dumps(moved))
+            record = {"step": 1, "phase": 1.0, "policy/entropy": 1.0}
+            (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    config = compare_algos.CompareConfig(
+        out_dir=str(tmp_path), resume=True, algorithms=("sao", "sao_seed"), seeds=(0, 1)
+    )
+    rows = {row["algorithm"]: row for row in compare_algos.compare(config)["rows"]}
+    assert "opd_gap" not in rows["SAO"]
+    seeded = rows["SAO+SEED"]
+    assert seeded["opd_gap"] == -0.1 and seeded["gate_rate"] == 0.4
+    assert seeded["gap_fact"] == pytest.approx(0.4) and seeded["gap_procedure"] == 0.6
+    assert seeded["opd_grad_share"] is None and seeded["gap_failed_command"] is None
+    assert seeded["seed_s_per_iter"] == pytest.approx(0.5)
+    table = (tmp_path / "comparison.txt").read_text()
+    assert "gate_rate" in table and "seed_s_per_iter" in table
