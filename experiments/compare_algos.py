@@ -44,6 +44,7 @@ SEED_COLUMNS = {
     "gate_rate": "seed_opd_gate_rate",
     "opd_grad_share": "seed_opd_grad_share",
     "opd_token_grad_share": "seed_opd_token_grad_share",
+    "opd_token_grad_cos": "seed_opd_token_grad_cos",
     "gap_fact": "seed_opd_gap_fact",
     "gap_failed_command": "seed_opd_gap_failed_command",
     "gap_procedure": "seed_opd_gap_procedure",

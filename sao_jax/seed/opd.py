@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+import jax
 import numpy as np
 
 from sao_jax.losses.seed import SKILL_KINDS
@@ -47,7 +48,14 @@ class SeedLearner(Learner):
       store: the ATDP store the batches come from: each record then gets its game spec from
         the stored trajectory's header (what the rule-based analyzers read); None: records
         carry what the rows hold.
+      local_copy: the policy on this process's sampling devices, for the analyzer's refresh
+        (`Run.local_copy`; a collective with several processes, which all call `iteration`
+        together); None: the learner's policy itself (one process).
       critic, mesh, rules: as for `Learner`.
+
+    Several processes: each brings its own rows (its ATDP partition), decodes, analyses and
+    re-scores them; the re-scoring forward is one global program whose output each process
+    reads back for its own rows (`process_rows`).
     """
 
     def __init__(
@@ -62,6 +70,7 @@ class SeedLearner(Learner):
         env: str = "alfworld",
         on_skills: Callable[[list[EpisodeRecord], list[Skill]], None] | None = None,
         store=None,
+        local_copy: Callable[[Transformer], Transformer] | None = None,
         **kwargs,
     ):
         super().__init__(config, policy, **kwargs)
@@ -74,13 +83,24 @@ class SeedLearner(Learner):
             raise ValueError(f"max_skill_tokens must be >= 4, got {max_skill_tokens}")
         self.analyzer, self.tokenizer = analyzer, tokenizer
         self.max_skill_tokens, self.think, self.on_skills = max_skill_tokens, think, on_skills
-        self.env, self.store = env, store
+        self.env, self.store, self.local_copy = env, store, local_copy
         rules = hindsight_rules(env)
         # how untagged (self-written) skills are read: the env's rule sentence forms
         self.kind_patterns = getattr(analyzer, "kind_patterns", None) or (
             rules.kind_patterns if rules is not None else {}
         )
         self.last_skills: list[Skill] = []
+
+    def local_logprobs(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """`policy_logprobs` of this process's rows (with several processes the forward is
+        one global program over every process's rows; each reads back its own)."""
+        if jax.process_count() == 1:
+            return self.policy_logprobs(batch)
+        device_batch = self._device_batch(batch)
+        logp = self._functions(device_batch, None)["logprobs"](
+            self.policy_params, self._policy_frozen, device_batch
+        )
+        return process_rows(logp)
 
     def iteration(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Skills -> skill_logp -> the algorithm's update with the OPD term (see module doc)."""
@@ -92,7 +112,8 @@ class SeedLearner(Learner):
             records = with_task_specs(records, self.store)
         refresh = getattr(self.analyzer, "refresh", None)
         if refresh is not None:
-            refresh(self.policy_module(), self.policy_version)
+            policy = self.policy_module()
+            refresh(self.local_copy(policy) if self.local_copy else policy, self.policy_version)
         slots = sorted(records)
         skills = self.analyzer.analyze([records[k] for k in slots])
         analysed = time.perf_counter()
@@ -100,7 +121,7 @@ class SeedLearner(Learner):
             k: skill_block_ids(self.tokenizer, s.text) for k, s in zip(slots, skills, strict=True)
         }
         skill_logp, stats = skill_logprobs(
-            self.policy_logprobs, batch, blocks, self.max_skill_tokens
+            self.local_logprobs, batch, blocks, self.max_skill_tokens
         )
         rescored = time.perf_counter()
         kinds = [s.kinds(self.kind_patterns) for s in skills]
@@ -126,3 +147,16 @@ class SeedLearner(Learner):
             }
         )
         return metrics
+
+
+def process_rows(array: jax.Array) -> np.ndarray:
+    """This process's rows of a global [R, ...] batch array, in order: the rows it brought
+    (`Placement.put_batch` places each process's rows on its own devices)."""
+    if array.is_fully_addressable:
+        return np.asarray(jax.device_get(array))
+    rows: dict[int, np.ndarray] = {}
+    for shard in array.addressable_shards:
+        start = shard.index[0].start or 0
+        for i, row in enumerate(np.asarray(shard.data)):
+            rows.setdefault(start + i, row)  # a row replicated on several devices: once
+    return np.stack([rows[k] for k in sorted(rows)])

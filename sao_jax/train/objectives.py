@@ -277,7 +277,9 @@ def opd_diagnostics(
     `opd_gap_<kind>` / `opd_kind_share_<kind>` (`seed_gap_by_kind`) when the batch carries
     `skill_kinds` [R]; `opd_token_grad_share`: |d(weight * L_opd)/d logp| over
     |d(L_RL + weight * L_opd)/d logp|, both gradients taken with respect to the action tokens'
-    log-probs [R, T] (elementwise, no backward pass through the model). It is an estimate of
+    log-probs [R, T] (elementwise, no backward pass through the model; above 1 when the two
+    terms pull against each other), and `opd_token_grad_cos`, the cosine between the OPD and
+    the RL term's gradients there (0 when either is zero). The share is an estimate of
     the OPD term's share of the parameter gradient (both are pulled back through the same
     Jacobian d logp / d params, which can stretch them differently; the entropy bonus and the
     MoE aux losses are left out). `OpdConfig.grad_share` measures the parameter-space share.
@@ -297,8 +299,11 @@ def opd_diagnostics(
     opd_grad = jax.grad(opd_term)(point)
     rl_grad = jax.grad(lambda x: objective_fn(x)[0])(point)
     total = jnp.linalg.norm(rl_grad + opd_grad)
-    share = jnp.linalg.norm(opd_grad) / jnp.maximum(total, 1e-30)
+    opd_norm, rl_norm = jnp.linalg.norm(opd_grad), jnp.linalg.norm(rl_grad)
+    share = opd_norm / jnp.maximum(total, 1e-30)
+    cosine = jnp.sum(opd_grad * rl_grad) / jnp.maximum(opd_norm * rl_norm, 1e-30)
     metrics["opd_token_grad_share"] = jax.lax.stop_gradient(jnp.where(total > 0, share, 0.0))
+    metrics["opd_token_grad_cos"] = jax.lax.stop_gradient(cosine)
     return metrics
 
 

@@ -1,16 +1,20 @@
 """`python -m experiments.alfworld_seed` end to end on the micro preset: both SEED stages."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from atdp_io import AtdpStore
 from experiments import alfworld_seed
+from sao_jax.distributed.local_launch import launch_local
 from sao_jax.losses import SKILL_KINDS
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.seed import SeedExperimentConfig
 from sao_jax.seed import load_skills
 
+REPO = Path(__file__).parents[2]
 MICRO = [
     "--config",
     "micro",
@@ -52,6 +56,38 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
     assert len(stage1) == 2 and {s.skill.analyzer for s in stage1} == {"rule_alfworld"}
     stage2 = load_skills(store, tenant="skills")
     assert stage2 and {s.skill.analyzer for s in stage2} == {"self_policy"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_seed_run_spans_two_processes(tmp_path):
+    """Like alfworld_sao's multi-process run: 2 local processes x 2 fake devices, each playing,
+    labelling and writing its own partitions; cloning and learner steps span both."""
+    shared = tmp_path / "bucket"  # storage every "host" sees
+    argv = [
+        *MICRO, "--out", str(tmp_path / "out"), f"atdp_path={shared / 'atdp'}",
+        f"checkpoint_dir={shared / 'checkpoints'}", "mesh.ici.fsdp=-1", "mesh.ici.expert=2",
+        "mesh.dcn.data=-1", "mesh.dcn.fsdp=1",
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "experiments.alfworld_seed", *argv]
+    result = launch_local(
+        command, 2, logs=tmp_path / "logs", devices_per_process=2, timeout_s=600, cwd=REPO
+    )
+    assert result.ok, result.describe()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["algorithm"] == "sao_seed" and summary["policy_steps"] == 1
+    # micro's 2 stage-1 episodes: one per process, each labelled, counted over both
+    assert summary["seed_sft_played_episodes"] == 2 and summary["seed_sft_skills"] == 2
+    store = AtdpStore.open(str(shared / "atdp"), create=False)
+    for tenant in ("seed_play", "seed_sft"):
+        assert {f"{tenant}-p0", f"{tenant}-p1"} <= set(store.tenants())
+    for process in (0, 1):
+        assert len(load_skills(store, tenant=f"seed_sft-p{process}")) == 1
+    # stage 2: the processes that brought rows wrote their skills to their own partition
+    written = [t for t in store.tenants() if t.startswith("skills-p")]
+    assert written and all(load_skills(store, tenant=t) for t in written)
+    rl = [r for r in read_metrics(tmp_path / "out") if r.get("phase") == 1.0]
+    assert rl and all("policy/opd_loss" in r and "policy/opd_delta_p50" in r for r in rl)
 
 
 def test_bad_seed_overrides_are_named(capsys):

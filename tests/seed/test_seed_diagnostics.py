@@ -132,6 +132,7 @@ def test_grad_share_is_one_when_the_rl_gradient_vanishes(batch):
     assert metrics["policy/grad_norm"] > 0
     np.testing.assert_allclose(metrics["policy/opd_grad_share"], 1.0, rtol=1e-3)
     np.testing.assert_allclose(metrics["policy/opd_token_grad_share"], 1.0, rtol=1e-3)
+    assert metrics["policy/opd_token_grad_cos"] == 0.0  # no RL gradient to agree with
     assert "policy/opd_gap_fact" not in metrics  # no skill_kinds: no per-kind gap
 
 
