@@ -35,6 +35,21 @@ PLOT_KEYS = (
 )
 # End-of-run stability signals: means over the last quarter of each run's iterations.
 TAIL_KEYS = ("policy/clip_frac", "critic/explained_variance", "policy/entropy", "policy/grad_norm")
+# SEED algorithms' extra columns (table name -> summary key): the teacher-student gap (mean,
+# median; per skill kind), the gate rate, the OPD term's share of the policy gradient (the
+# exact one with learner.opd.grad_share, else the token-space estimate)
+SEED_COLUMNS = {
+    "opd_gap": "seed_opd_delta_mean",
+    "opd_gap_p50": "seed_opd_delta_p50",
+    "gate_rate": "seed_opd_gate_rate",
+    "opd_grad_share": "seed_opd_grad_share",
+    "opd_token_grad_share": "seed_opd_token_grad_share",
+    "opd_token_grad_cos": "seed_opd_token_grad_cos",
+    "gap_fact": "seed_opd_gap_fact",
+    "gap_failed_command": "seed_opd_gap_failed_command",
+    "gap_procedure": "seed_opd_gap_procedure",
+    "gap_other": "seed_opd_gap_other",
+}
 
 
 @dataclasses.dataclass
@@ -88,6 +103,23 @@ def _is_seed(algorithm: str) -> bool:
     from sao_jax.train import get_algorithm
 
     return get_algorithm(algorithm).opd
+
+
+def seed_columns(summaries: list[dict]) -> dict[str, float | None]:
+    """A SEED algorithm's stage-2 diagnostics and cost, means over seeds of each run's
+    per-iteration means (`sao_jax.pipeline.seed.seed_summary`; None where no run has it)."""
+    out = {}
+    for column, key in SEED_COLUMNS.items():
+        values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]
+        out[column] = float(np.mean(values)) if values else None
+    seconds = [
+        s["seed_analysis_seconds_per_iter"] + s["seed_rescore_seconds_per_iter"]
+        for s in summaries
+        if isinstance(s.get("seed_analysis_seconds_per_iter"), int | float)
+        and isinstance(s.get("seed_rescore_seconds_per_iter"), int | float)
+    ]
+    out["seed_s_per_iter"] = float(np.mean(seconds)) if seconds else None
+    return out
 
 
 def _tail_means(records: list[dict], keys=TAIL_KEYS) -> dict[str, float]:
@@ -161,6 +193,7 @@ def compare(config: CompareConfig) -> dict:
         for key in TAIL_KEYS:
             values = [s[key] for s in summaries if key in s]
             row[key.split("/")[-1]] = float(np.mean(values)) if values else None
+        row.update(seed_columns(summaries) if _is_seed(algorithm) else {})
         rows.append(row)
     table = summary_table(rows, floatfmt=".3g")
     print(table)

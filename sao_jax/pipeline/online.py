@@ -11,16 +11,18 @@ from __future__ import annotations
 import contextlib
 import time
 
-from sao_jax.metrics import MetricsWriter, ProgressBar
+from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
 from sao_jax.pipeline.checkpoints import checkpoint
 from sao_jax.pipeline.job import Job
 from sao_jax.pipeline.online_agent import AgentConfig
 from sao_jax.pipeline.online_config import OnlineConfig
 from sao_jax.pipeline.online_serving import AgentFinished, AgentFleet, OnlineServer
+from sao_jax.pipeline.seed import SeedJob, hindsight_sft, seed_summary
+from sao_jax.pipeline.seed import make_learner as seed_learner
 from sao_jax.pipeline.setup import Run
 from sao_jax.pipeline.summary import CURVE_KEYS
 from sao_jax.rollout import WeightPublisher
-from sao_jax.train import Learner
+from sao_jax.train import Learner, get_algorithm
 from sao_jax.train.loop import OnlineTrainer
 from serving.worker.config import WorkerConfig
 
@@ -205,6 +207,10 @@ def _served_stats(before: dict, games: dict, figures: dict, dropped: int) -> dic
 
 class OnlineJob(Job):
     """The job whose RL phase learns from a live server's traffic (`online_rl`); one process.
+    With `learner.algorithm=sao_seed` it is SEED's job on served traffic: a `SeedLearner`
+    (`sao_jax.pipeline.seed.make_learner`) reads each batch's served episodes back through the
+    env's harness, the configured analyzer writes their skills, the OPD term trains; stage 1
+    runs after the warm start when `hindsight.sft_steps` > 0; `seed_*` keys in the summary.
 
     Attributes (besides `Job`'s): online: the `OnlineConfig`; serving: the online phase's
     serving figures (empty until it ran), in the summary as `serving` and `serving_*`.
@@ -215,7 +221,17 @@ class OnlineJob(Job):
 
     def __init__(self, config: OnlineConfig):
         self.online, self.serving = config, {}
+        self.seed = get_algorithm(config.learner.algorithm).opd
+        if self.seed:
+            self.curve_keys = (*SeedJob.curve_keys, *SERVING_CURVE_KEYS)
         super().__init__(config.experiment())
+
+    def make_learner(self) -> Learner:
+        return seed_learner(self.state) if self.seed else super().make_learner()
+
+    def after_warm_start(self) -> None:
+        if self.seed:  # stage-1 counts ride in the evals, as in SeedJob
+            self.state.evals["seed_sft"] = hindsight_sft(self.state, self.log)
 
     def train(self) -> None:
         """The online phase (its first `learner.critic.warmup_steps` iterations train only the
@@ -224,6 +240,9 @@ class OnlineJob(Job):
 
     def summarize(self) -> dict:
         summary = super().summarize()
+        if self.seed:
+            sft = dict(self.state.evals.get("seed_sft") or {})
+            summary.update(seed_summary(read_metrics(self.state.out), sft))
         summary["serving"] = self.serving
         summary.update(
             {f"serving_{k}": v for k, v in self.serving.items() if not isinstance(v, dict)}
@@ -232,5 +251,6 @@ class OnlineJob(Job):
 
 
 def run(config: OnlineConfig) -> dict:
-    """Run (or resume) online SAO; returns the summary also written to DIR/summary.json."""
+    """Run (or resume) online SAO (or SAO + SEED); returns the summary also written to
+    DIR/summary.json."""
     return OnlineJob(config).run()

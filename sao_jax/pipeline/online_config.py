@@ -9,8 +9,13 @@ from __future__ import annotations
 import dataclasses
 
 from sao_jax.pipeline.config import EvalSpec, ExperimentConfig, ModelSpec, RLSpec, WarmStartSpec
+from sao_jax.pipeline.seed import with_seed
 from sao_jax.rollout import EnvConfig, RolloutConfig
-from sao_jax.train import LearnerConfig
+from sao_jax.seed.config import SeedConfig
+from sao_jax.train import LearnerConfig, get_algorithm
+
+# a live agent plays each prompt once: the single-rollout algorithms (SAO, SAO + SEED)
+ONLINE_ALGORITHMS = ("sao", "sao_seed")
 
 
 @dataclasses.dataclass
@@ -103,7 +108,7 @@ class OnlineSpec:
 
 @dataclasses.dataclass
 class OnlineConfig:
-    """One online SAO run.
+    """One online SAO (or SAO + SEED) run.
 
     Attributes:
       out_dir: run directory (default: runs/online_sao/<timestamp>).
@@ -118,6 +123,10 @@ class OnlineConfig:
       agent: the agent process.
       online: the learner's side of the online phase.
       eval: greedy evaluation before and after.
+      hindsight: SEED's settings (`learner.algorithm=sao_seed`): the stage-2 analyzer reads
+        the served episodes back from the learner's batches (`sao_jax.seed.from_batch`);
+        stage 1 (`hindsight.sft_steps` > 0, off by default online) plays with the rollout
+        engine after the warm start, before serving.
       checkpoint_every: policy steps between checkpoints.
       checkpoint_keep: checkpoints kept on disk.
       progress: show progress bars.
@@ -136,6 +145,7 @@ class OnlineConfig:
     agent: AgentSpec = dataclasses.field(default_factory=AgentSpec)
     online: OnlineSpec = dataclasses.field(default_factory=OnlineSpec)
     eval: EvalSpec = dataclasses.field(default_factory=EvalSpec)
+    hindsight: SeedConfig = dataclasses.field(default_factory=lambda: SeedConfig(sft_steps=0))
     checkpoint_every: int = 10
     checkpoint_keep: int = 2
     progress: bool = True
@@ -147,10 +157,11 @@ class OnlineConfig:
                 "rollout.layout must be 'windowed' online: the agent sends each turn's harness "
                 f"prompt as a fresh conversation, got {self.rollout.layout!r}"
             )
-        if self.learner.algorithm != "sao":
+        if self.learner.algorithm not in ONLINE_ALGORITHMS:
             # group baselines need G plays of one prompt at once; a live agent plays each once
             raise ValueError(
-                f"learner.algorithm must be 'sao' online, got {self.learner.algorithm!r}"
+                f"learner.algorithm must be one of {ONLINE_ALGORITHMS} online, got "
+                f"{self.learner.algorithm!r}"
             )
         if self.serving.max_staleness is not None:
             # version 0 must serve every warm-up batch and the first policy batch, plus the
@@ -170,10 +181,14 @@ class OnlineConfig:
 
     def experiment(self) -> ExperimentConfig:
         """The `alfworld_sao` config whose warm start, evaluation and checkpoints this run
-        reuses (its `rl` only shapes DAgger rounds of the warm start)."""
+        reuses (its `rl` only shapes DAgger rounds of the warm start); with SEED
+        (`sao_seed`) the `alfworld_seed` config with `hindsight`."""
         rl = RLSpec(policy_steps=self.online.policy_steps, max_staleness=self.online.max_staleness
                     or 0, rows=self.online.rows, seq_len=self.online.seq_len)  # fmt: skip
         # fields online has no counterpart for (mesh, atdp_path, ...) keep alfworld_sao's defaults
         ours = {f.name for f in dataclasses.fields(self)}
         fields = ({f.name for f in dataclasses.fields(ExperimentConfig)} & ours) - {"rl"}
-        return ExperimentConfig(rl=rl, **{name: getattr(self, name) for name in fields})
+        config = ExperimentConfig(rl=rl, **{name: getattr(self, name) for name in fields})
+        if get_algorithm(self.learner.algorithm).opd:
+            return with_seed(config, self.hindsight)
+        return config

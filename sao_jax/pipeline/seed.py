@@ -16,19 +16,22 @@ tenant: `python -m sao_jax.seed inspect DIR/atdp`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
 
 from atdp_io import lineage
+from sao_jax.distributed.host_sync import allgather_numbers
+from sao_jax.losses.seed import SKILL_KINDS
 from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.job import Job
 from sao_jax.pipeline.relabel import relabel_all
 from sao_jax.pipeline.setup import Run
 from sao_jax.pipeline.summary import CURVE_KEYS
-from sao_jax.rollout import WeightPublisher
 from sao_jax.seed import SeedLearner, label_and_store, make_analyzer, write_skills
+from sao_jax.seed.analyzers import RuleBasedAnalyzer
 from sao_jax.seed.config import SeedConfig
 from sao_jax.train import BehaviourCloner, Learner, get_algorithm
 
@@ -61,40 +64,49 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
     if spec.sft_steps == 0:
         return {}
     start = time.perf_counter()
-    publisher = WeightPublisher()
+    play, sft = run.tenant(SFT_PLAY), run.tenant(SEED_SFT)  # this process's partitions
+    publisher = run.publisher()
     publisher.publish(run.policy, 0)
-    with run.store.writer(SFT_PLAY) as writer:
+    with run.store.writer(play) as writer:
         engine = run.engine(publisher, writer, asynchronous=False, tenant=SFT_PLAY, seed_offset=900)
-        played_stats = engine.generate(spec.sft_episodes)
-    reader = run.store.reader(SFT_PLAY, principal=SFT_PLAY)
+        played_stats = run.combined_stats(engine.generate(run.share(spec.sft_episodes)))
+    reader = run.store.reader(play, principal=play)
     reader.refresh()
     played = [reader.read(i) for i in reader.trajectory_ids() if i.startswith(engine.run_id)]
     sampler = run.sampler(ANALYZER_SAMPLER)
-    sampler.update_weights(run.policy, 0)
+    sampler.update_weights(run.local_copy(run.policy), 0)  # a collective with several processes
     analyzer = make_analyzer(
-        spec.sft_analyzer, config=spec, sampler=sampler, tokenizer=run.tokenizer
+        spec.sft_analyzer,
+        config=spec,
+        sampler=sampler,
+        tokenizer=run.tokenizer,
+        env=config.env.name,
     )
     labelled = label_and_store(
-        run.store, played, analyzer, run.tokenizer, tenant=SEED_SFT, max_actions=spec.max_actions
+        run.store, played, analyzer, run.tokenizer, tenant=sft, max_actions=spec.max_actions
     )
     acting = []
     if spec.sft_acting:
         won = [t for t in played if t.outcome and t.outcome.success]
         lost = [t for t in played if not (t.outcome and t.outcome.success)]
-        acting = [_to_tenant(t, SEED_SFT) for t in won] + relabel_all(
+        acting = [_to_tenant(t, sft) for t in won] + relabel_all(
             lost,
             run.tokenizer,
             think=config.rollout.think,
             max_new_tokens=config.rollout.max_new_tokens,
-            tenant=SEED_SFT,
+            tenant=sft,
+            expert=config.env.expert,
         )
-        with run.store.writer(SEED_SFT) as writer:
+        with run.store.writer(sft) as writer:
             writer.append(acting)
     loader = run.loader(SEED_SFT, rows=config.warm_start.rows, seq_len=config.warm_start.seq_len)
     cloner = BehaviourCloner(
         run.policy,
         dataclasses.replace(config.warm_start.optimizer, learning_rate=spec.sft_learning_rate),
         moe_aux=config.learner.moe,
+        pack_rows=config.learner.pack_rows,
+        pack_row_multiple=config.learner.pack_row_multiple,
+        mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
     cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's
     bar = ProgressBar(spec.sft_steps, desc="skill SFT", keys=("nll",), disable=not config.progress)
@@ -107,11 +119,12 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
     with bar:
         cloner.run(iter(loader.epoch(seed=config.seed, num_epochs=None)), spec.sft_steps, report)
     run.policy = cloner.policy_module()
+    skills, acted = allgather_numbers([labelled["skills"], len(acting)]).sum(axis=0)
     stats = {
         "sft_played_episodes": played_stats["episodes"],
         "sft_played_success": played_stats["success_rate"],
-        "sft_skills": labelled["skills"],
-        "sft_acting_episodes": len(acting),
+        "sft_skills": float(skills),  # over every process
+        "sft_acting_episodes": int(acted),
         "sft_seconds": time.perf_counter() - start,
     }
     log.write(run.step, {f"sft/{k}": v for k, v in stats.items()})
@@ -140,12 +153,13 @@ def make_learner(run: Run) -> Learner:
     written to the `skills` tenant), a plain `Learner` otherwise."""
     config, spec = run.config, run.config.hindsight
     if not get_algorithm(config.learner.algorithm).opd:
-        return Learner(config.learner, run.policy)
+        return Learner(config.learner, run.policy, mesh=run.mesh)
     analyzer = make_analyzer(
         spec.opd_analyzer,
         config=spec,
         sampler=run.sampler(ANALYZER_SAMPLER),
         tokenizer=run.tokenizer,
+        env=config.env.name,
     )
     on_skills = None
     if spec.store_skills:
@@ -156,7 +170,7 @@ def make_learner(run: Run) -> Learner:
                 records,
                 skills,
                 run.tokenizer,
-                tenant=SKILLS,
+                tenant=run.tenant(SKILLS),
                 max_actions=spec.max_actions,
                 skip_purged=True,  # an episode purged while training leaves no skill behind
             )
@@ -168,32 +182,58 @@ def make_learner(run: Run) -> Learner:
         tokenizer=run.tokenizer,
         max_skill_tokens=spec.max_skill_tokens,
         think=config.rollout.think,
+        env=config.env.name,
         on_skills=on_skills,
+        # the rule-based analyzers read each episode's game spec from its stored header
+        store=run.store if isinstance(analyzer, RuleBasedAnalyzer) else None,
+        local_copy=run.local_copy if run.processes > 1 else None,
+        mesh=run.mesh,
     )
 
 
+# summary key -> metrics key of SEED's per-iteration signal and cost (means over RL iterations)
+SEED_SUMMARY_KEYS = {
+    "seed_analysis_seconds_per_iter": "seed/analysis_seconds",
+    "seed_rescore_seconds_per_iter": "seed/rescore_seconds",
+    "seed_opd_delta_mean": "policy/opd_delta_mean",
+    "seed_opd_delta_p50": "policy/opd_delta_p50",
+    "seed_opd_gate_mean": "policy/opd_gate_mean",
+    "seed_opd_gate_rate": "policy/opd_gate_rate",
+    "seed_opd_token_grad_share": "policy/opd_token_grad_share",
+    "seed_opd_token_grad_cos": "policy/opd_token_grad_cos",
+    "seed_opd_grad_share": "policy/opd_grad_share",
+    "seed_opd_loss": "policy/opd_loss",
+    **{f"seed_opd_gap_{kind}": f"policy/opd_gap_{kind}" for kind in SKILL_KINDS},
+    **{f"seed_skills_{kind}": f"seed/skills_{kind}" for kind in SKILL_KINDS},
+}
+
+
 def seed_summary(records: list[dict], sft: dict) -> dict:
-    """SEED's cost and signal over the run's RL iterations (means), plus stage-1 counts."""
+    """SEED's cost and signal over the run's RL iterations (means of `SEED_SUMMARY_KEYS`;
+    None when never logged, a per-kind gap over the iterations that had that kind), plus
+    stage-1 counts."""
     out = {f"seed_{k}": v for k, v in sft.items()}
-    keys = {
-        "seed_analysis_seconds_per_iter": "seed/analysis_seconds",
-        "seed_rescore_seconds_per_iter": "seed/rescore_seconds",
-        "seed_opd_delta_mean": "policy/opd_delta_mean",
-        "seed_opd_gate_mean": "policy/opd_gate_mean",
-        "seed_opd_loss": "policy/opd_loss",
-    }
-    for name, key in keys.items():
+    for name, key in SEED_SUMMARY_KEYS.items():
         values = [r[key] for r in records if isinstance(r.get(key), int | float)]
+        values = [v for v in values if math.isfinite(v)]
         out[name] = float(np.mean(values)) if values else None
     return out
 
 
 class SeedJob(Job):
     """The job with SEED: skill SFT after the warm start, a `SeedLearner` for SEED algorithms,
-    `seed_*` keys in the summary. One process (with any number of its devices)."""
+    `seed_*` keys in the summary. Several processes as the plain job: each plays, labels and
+    writes its own partitions (`seed_play-p<k>`, `seed_sft-p<k>`, `skills-p<k>`), cloning and
+    learner steps span them all."""
 
-    multi_process = False
-    curve_keys = (*CURVE_KEYS, "policy/opd_gate_mean", "policy/opd_delta_mean", "sft/nll")
+    multi_process = True
+    curve_keys = (
+        *CURVE_KEYS,
+        "policy/opd_gate_rate",
+        "policy/opd_delta_mean",
+        "policy/opd_token_grad_share",
+        "sft/nll",
+    )
 
     def make_learner(self) -> Learner:
         return make_learner(self.state)

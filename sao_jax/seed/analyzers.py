@@ -1,7 +1,8 @@
 """Analyzers: a finished episode in, one short hindsight skill out (batched).
 
-A success yields a reusable strategy, a failure a corrective / avoidance rule. Three kinds:
-`RuleBasedAlfworldAnalyzer` (here: deterministic, reads the game's ground truth, labels
+A skill states what the episode revealed and the rule that corrects its mistakes. Three kinds:
+`RuleBasedAnalyzer` (here: deterministic, an env's `HindsightRules` -- ALFWorld's read the
+game's ground truth, the arithmetic env's the task's answer -- writes tagged sentences; labels
 stage-1 data on a CPU), `SelfPolicyAnalyzer` (the current policy, `sao_jax.seed.self_analyzer`)
 and `OpenAIAnalyzer` (any OpenAI-compatible endpoint, `sao_jax.seed.openai_analyzer`).
 """
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from sao_jax.envs.alfworld import AlfworldEnv, make_game
-from sao_jax.envs.alfworld.classes import display_class
-from sao_jax.envs.alfworld.game import APPLIANCE, CLEAN, COOL, HEAT, LOOK, TWO
-from sao_jax.envs.alfworld.texts import NOTHING_HAPPENS
+from sao_jax.seed.kinds import (
+    HindsightRules,
+    SkillPart,
+    check_pairs,
+    classify,
+    fit_parts,
+    parts_text,
+)
 from sao_jax.seed.records import EpisodeRecord
-
-_VERB = {CLEAN: "clean", HEAT: "heat", COOL: "cool"}
+from sao_jax.seed.rules_alfworld import ALFWORLD_RULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Skill:
       task_type: ALFWorld task type ("" when unknown).
       analyzer: analyzer name ("rule_alfworld", "self_policy", "openai:<model>").
       analyzer_version: its version (rule set, policy version, endpoint model).
+      parts: its tagged sentences when a rule-based analyzer wrote it (empty otherwise).
     """
 
     text: str
@@ -42,6 +47,14 @@ class Skill:
     task_type: str
     analyzer: str
     analyzer_version: str
+    parts: tuple[SkillPart, ...] = ()
+
+    def kinds(self, patterns: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """What the skill states: its parts' kinds, else its sentences' (`kinds.classify`
+        with the env's `patterns`; without patterns an untagged skill is "other")."""
+        if self.parts:
+            return tuple(dict.fromkeys(p.kind for p in self.parts))
+        return classify(self.text, patterns or {})
 
 
 class Analyzer(abc.ABC):
@@ -58,6 +71,10 @@ class Analyzer(abc.ABC):
     def analyze_texts(self, records: Sequence[EpisodeRecord]) -> list[str]:
         """One skill text per record (the batched work of the analyzer)."""
 
+    def analyze_parts(self, records: Sequence[EpisodeRecord]) -> list[tuple[SkillPart, ...]] | None:
+        """Tagged sentences per record, for analyzers that write them (None: text only)."""
+        return None
+
     def analyze(self, records: Sequence[EpisodeRecord]) -> list[Skill]:
         """`Skill`s of `records`, in order (an empty list for no records)."""
         records = list(records)
@@ -66,108 +83,72 @@ class Analyzer(abc.ABC):
                 raise TypeError(f"{self.name}: expected EpisodeRecord, got {type(record).__name__}")
         if not records:
             return []
-        texts = self.analyze_texts(records)
+        parts = self.analyze_parts(records)
+        texts = self.analyze_texts(records) if parts is None else [parts_text(p) for p in parts]
         if len(texts) != len(records):
             raise RuntimeError(f"{self.name}: {len(texts)} skills for {len(records)} episodes")
+        parts = parts or [()] * len(records)
         version = self.version
         return [
-            Skill(t, r.trajectory_id, r.success, r.task, r.task_type, self.name, version)
-            for t, r in zip(texts, records, strict=True)
+            Skill(t, r.trajectory_id, r.success, r.task, r.task_type, self.name, version, p)
+            for t, r, p in zip(texts, records, parts, strict=True)
         ]
 
 
-class RuleBasedAlfworldAnalyzer(Analyzer):
-    """Skills from the game's ground truth: where the target object actually was, which
-    appliance and receptacle the task needed, and (failures) the first command that did nothing
-    or was repeated, found by replaying the episode's commands in the game.
+class RuleBasedAnalyzer(Analyzer):
+    """Skills from an env's `HindsightRules`: tagged sentences (fact, failed_command,
+    procedure) about each episode, deterministic. Named `rule_<env>`.
 
-    Needs `record.game` (the `header.task` of a rollout or demo trajectory).
+    With `max_tokens` (counted by `tokenizer`) a skill keeps the rules' most important
+    sentences that fit (`kinds.fit_parts`): the skill block of re-scored rows has a fixed
+    budget, and a truncated block would cut a sentence in half.
+
+    An episode whose game spec names another env is refused; an episode the rules cannot
+    read (ALFWorld: no game spec) raises a ValueError naming it.
     """
 
-    name = "rule_alfworld"
+    def __init__(self, rules: HindsightRules, *, tokenizer=None, max_tokens: int | None = None):
+        if max_tokens is not None and tokenizer is None:
+            raise ValueError(f"rule_{rules.env}: max_tokens needs the tokenizer that counts them")
+        self.rules, self.tokenizer, self.max_tokens = rules, tokenizer, max_tokens
+        self.name = f"rule_{rules.env}"
 
     @property
     def version(self) -> str:
-        return "rules-v1"
+        return self.rules.version
+
+    @property
+    def kind_patterns(self) -> Mapping[str, str]:
+        return self.rules.kind_patterns
 
     def analyze_texts(self, records: Sequence[EpisodeRecord]) -> list[str]:
-        return [self._skill(record) for record in records]
+        return [parts_text(p) for p in self.analyze_parts(records)]
 
-    def _skill(self, record: EpisodeRecord) -> str:
-        spec = record.game
-        if not spec or "split" not in spec or "index" not in spec:
+    def analyze_parts(self, records: Sequence[EpisodeRecord]) -> list[tuple[SkillPart, ...]]:
+        return [self.parts(record) for record in records]
+
+    def parts(self, record: EpisodeRecord) -> tuple[SkillPart, ...]:
+        """The tagged sentences about one episode."""
+        where = f"{self.name}: episode {record.trajectory_id!r}"
+        env = (record.game or {}).get("env", "alfworld")
+        if record.game and env != self.rules.env:
             raise ValueError(
-                f"{self.name}: episode {record.trajectory_id!r} has no game spec (split, index); "
-                "the rule-based analyzer reads the game's ground truth"
+                f"{where} is of env {env!r}; this analyzer reads {self.rules.env} episodes "
+                "only (use the env's rule analyzer, self_policy or openai)"
             )
-        if spec.get("env", "alfworld") != "alfworld":
-            raise ValueError(
-                f"{self.name}: episode {record.trajectory_id!r} is of env {spec['env']!r}; the "
-                "rule-based analyzer reads ALFWorld games only (use self_policy or openai)"
-            )
-        game = make_game(spec["split"], int(spec["index"]), size=spec.get("size", "full"))
-        plan = _plan(game)
-        if record.success:
-            return f"{game.task.sentence}: {plan}."
-        mistake = _first_mistake(spec, record.actions)
-        return f"{game.task.sentence}: {mistake}{plan}."
+        try:
+            pairs = self.rules.hindsight(record.game, record.task, record.actions, record.success)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from error
+        parts = check_pairs(pairs, where)
+        count = (lambda text: len(self.tokenizer.encode(text))) if self.tokenizer else len
+        return fit_parts(parts, count, self.max_tokens)
 
 
-def _plan(game) -> str:
-    """The task's solution in the game's own words."""
-    task = game.task
-    obj, target = display_class(task.object_cls), display_class(task.receptacle_cls)
-    places = [
-        game.receptacles[item.start].name for item in game.items if item.cls == task.object_cls
-    ]
-    where = places[0]
-    if task.task_type == LOOK:
-        lamps = [
-            game.receptacles[item.start].name
-            for item in game.items
-            if item.cls == task.receptacle_cls
-        ]
-        return (
-            f"the {obj} is in {where}. go to {where} and take the {obj}, go to {lamps[0]} "
-            f"and use the {target}"
-        )
-    if task.task_type == TWO:
-        second = places[1] if len(places) > 1 else where
-        return (
-            f"the {obj} is in {where} and {second}. take a {obj} from {where}, put it "
-            f"in {target}, and take a {obj} from {second} and put it in {target}"
-        )
-    steps = f"the {obj} is in {where}. go to {where} and take the {obj}"
-    if task.task_type in APPLIANCE:
-        appliance = next(r.name for r in game.receptacles if r.cls == APPLIANCE[task.task_type])
-        steps += f", go to {appliance} and {_VERB[task.task_type]} the {obj}"
-    return steps + f", and put it in {target}"
+class RuleBasedAlfworldAnalyzer(RuleBasedAnalyzer):
+    """`RuleBasedAnalyzer` of ALFWorld (`sao_jax.seed.rules_alfworld`): where the task's
+    objects were, which commands failed and why, the expert's procedure. Needs `record.game`
+    (the `header.task` of a rollout, demo or served trajectory)."""
 
-
-def _first_mistake(spec, actions: Sequence[str]) -> str:
-    """The first command that did nothing (or repeated the last one), replayed in the game.
-
-    Wording stays within the ALFWorld vocabulary, so word-level tokenizers keep every word.
-    """
-    env = AlfworldEnv(
-        spec["split"],
-        size=spec.get("size", "full"),
-        phrasing=spec.get("phrasing", "0.4.2"),
-        max_steps=max(len(actions), 1),
-    )
-    env.reset(int(spec["index"]))
-    previous = None
-    for step, action in enumerate(actions, start=1):
-        if not action:
-            return f"you should choose an admissible action at step {step}. "
-        if action == previous:
-            return (
-                f"you should not choose '{action}' at step {step}, you took it at step {step - 1}. "
-            )
-        observation, _, done, _ = env.step(action)
-        if observation.strip() == NOTHING_HAPPENS:
-            return f"Nothing happens for '{action}' at step {step}, you should not choose it. "
-        previous = action
-        if done:
-            break
-    return "you should find the object first: "
+    def __init__(self, *, tokenizer=None, max_tokens: int | None = None):
+        super().__init__(ALFWORLD_RULES, tokenizer=tokenizer, max_tokens=max_tokens)

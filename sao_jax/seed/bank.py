@@ -3,7 +3,8 @@
 Each skill is one trajectory in its own tenant (default "skills") holding one LLM call: the
 analysis prompt of the episode (`templates.analysis_prompt_ids`) -> the skill's tokens. That
 record is both the provenance store (`header.task`: `skill_of` trajectory id, task, task type,
-outcome, analyzer name + version, template version) and stage-1 training data: NLL on the skill
+outcome, analyzer name + version, template version, the tagged sentences of a rule-based
+skill) and stage-1 training data: NLL on the skill
 tokens given the episode is exactly behaviour cloning of this call. Its output log-probs are
 zeros, marked `decoding.extra["logprobs"] = "absent"` (never behaviour log-probs).
 
@@ -37,6 +38,7 @@ from atdp_io import (
 )
 from atdp_io import lineage as lineage_lib
 from sao_jax.seed.analyzers import Skill
+from sao_jax.seed.kinds import SkillPart
 from sao_jax.seed.records import EpisodeRecord
 from sao_jax.seed.templates import TEMPLATE_VERSION, analysis_prompt_ids, skill_block_text
 from sao_jax.tokenizers import Tokenizer
@@ -111,6 +113,8 @@ def skill_trajectory(
             "analyzer": skill.analyzer,
             "analyzer_version": skill.analyzer_version,
             "template": TEMPLATE_VERSION,
+            # a rule-based skill's tagged sentences (kind, text): what it states, per kind
+            "parts": [[p.kind, p.text] for p in skill.parts],
         },
     )
     return Trajectory(header, (event,), Outcome(success=skill.success))
@@ -190,6 +194,7 @@ def load_skills(
             task_type=str(task.get("task_type", "")),
             analyzer=str(task.get("analyzer", "")),
             analyzer_version=str(task.get("analyzer_version", "")),
+            parts=tuple(SkillPart(kind, text) for kind, text in task.get("parts") or ()),
         )
         out.append(StoredSkill(skill, trajectory_id, trajectory.header.created_at))
     out.sort(key=lambda s: s.created_at, reverse=True)

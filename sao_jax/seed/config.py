@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from sao_jax.seed.analyzers import Analyzer, RuleBasedAlfworldAnalyzer
+from sao_jax.envs.arithmetic.hindsight import ARITHMETIC_RULES
+from sao_jax.seed.analyzers import Analyzer, RuleBasedAlfworldAnalyzer, RuleBasedAnalyzer
+from sao_jax.seed.kinds import HindsightRules
+from sao_jax.seed.rules_alfworld import ALFWORLD_RULES
+from sao_jax.seed.templates import skill_block_ids
 
-ANALYZERS = ("rule_alfworld", "self_policy", "openai")
+# "rule": the rule-based analyzer of the run's env; "rule_<env>": that env's
+ANALYZERS = ("rule", "rule_alfworld", "rule_arithmetic", "self_policy", "openai")
+HINDSIGHT_RULES: dict[str, HindsightRules] = {
+    rules.env: rules for rules in (ALFWORLD_RULES, ARITHMETIC_RULES)
+}
+
+
+def hindsight_rules(env: str) -> HindsightRules | None:
+    """The rule-based hindsight of env `env` (None: the env has none)."""
+    return HINDSIGHT_RULES.get(env)
 
 
 @dataclasses.dataclass
@@ -14,16 +27,19 @@ class SeedConfig:
     """SEED stages 1 and 2 (the OPD weights themselves are `LearnerConfig.opd_*`).
 
     Attributes:
-      sft_analyzer: analyzer labelling stage-1 data: "rule_alfworld" (CPU, ground truth),
-        "openai" (an endpoint) or "self_policy".
+      sft_analyzer: analyzer labelling stage-1 data: "rule" (the env's rules: CPU, ground
+        truth; or "rule_alfworld" / "rule_arithmetic"), "openai" (an endpoint) or "self_policy".
       sft_episodes: episodes of the warm-started policy played and labelled for stage 1.
       sft_steps: joint acting + analysing fine-tuning steps (0: no stage 1).
       sft_learning_rate: learning rate of stage 1.
       sft_acting: also fine-tune on acting data in stage 1 (won episodes as played, lost ones
         relabelled by the expert); False trains on the skills (analysing) only.
-      opd_analyzer: stage-2 analyzer: "self_policy" (SEED) or "rule_alfworld" / "openai".
-      max_skill_tokens: skill-block budget of re-scored rows (S).
-      max_skill_new_tokens: tokens a generated skill may take.
+      opd_analyzer: stage-2 analyzer: "self_policy" (SEED) or "rule" / "openai".
+      max_skill_tokens: skill-block budget of re-scored rows (S); a rule-based skill keeps
+        its most important sentences that fit it (the ALFWorld rules' skills take 30-150
+        word tokens, a block's title and instruction about 20 more).
+      max_skill_new_tokens: tokens a generated skill may take (room for a skill in the rule
+        sentence forms stage 1 teaches).
       skill_temperature: sampling temperature of the self-policy analyzer.
       max_actions: actions of an episode the analysis prompt shows.
       openai_url: base URL of the OpenAI-compatible endpoint (analyzer "openai").
@@ -31,14 +47,14 @@ class SeedConfig:
       store_skills: write stage-2 skills to the `skills` tenant (the skill bank).
     """
 
-    sft_analyzer: str = "rule_alfworld"
+    sft_analyzer: str = "rule"
     sft_episodes: int = 64
     sft_steps: int = 60
     sft_learning_rate: float = 1e-3
     sft_acting: bool = True
     opd_analyzer: str = "self_policy"
-    max_skill_tokens: int = 96
-    max_skill_new_tokens: int = 48
+    max_skill_tokens: int = 128
+    max_skill_new_tokens: int = 96
     skill_temperature: float = 1.0
     max_actions: int = 12
     openai_url: str = ""
@@ -63,11 +79,30 @@ class SeedConfig:
             )
 
 
-def make_analyzer(name: str, *, config: SeedConfig, sampler=None, tokenizer=None) -> Analyzer:
-    """The analyzer `name` ("rule_alfworld", "self_policy" with `sampler` + `tokenizer`, or
-    "openai" with `config.openai_url` / `openai_model`)."""
-    if name == "rule_alfworld":
-        return RuleBasedAlfworldAnalyzer()
+def make_analyzer(
+    name: str, *, config: SeedConfig, sampler=None, tokenizer=None, env: str = "alfworld"
+) -> Analyzer:
+    """The analyzer `name` ("rule": env `env`'s rules, "rule_<env>", "self_policy" with
+    `sampler` + `tokenizer`, or "openai" with `config.openai_url` / `openai_model`). A
+    rule-based one given the `tokenizer` keeps each skill within `config.max_skill_tokens`
+    with its block."""
+    if name.startswith("rule"):
+        rules_env = env if name == "rule" else name.removeprefix("rule_")
+        rules = hindsight_rules(rules_env)
+        if name not in ANALYZERS or rules is None:
+            raise ValueError(
+                f"analyzer {name!r}: env {rules_env!r} has no rule-based hindsight; envs with "
+                f"rules: {sorted(HINDSIGHT_RULES)} (use self_policy or openai)"
+            )
+        budget = {}
+        if tokenizer is not None:  # what the block's title, instruction and markers leave
+            overhead = len(skill_block_ids(tokenizer, "x")) - len(tokenizer.encode("x"))
+            budget = dict(
+                tokenizer=tokenizer, max_tokens=max(config.max_skill_tokens - overhead, 1)
+            )
+        if rules_env == "alfworld":
+            return RuleBasedAlfworldAnalyzer(**budget)
+        return RuleBasedAnalyzer(rules, **budget)
     if name == "self_policy":
         from sao_jax.seed.self_analyzer import SelfPolicyAnalyzer
 

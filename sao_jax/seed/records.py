@@ -10,11 +10,12 @@ the env's texts through its `PromptHarness` (`sao_jax.envs.base`): replies with
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 
 import numpy as np
 
-from atdp_io import EventKind, Governance, SourceRef, Trajectory
+from atdp_io import Action, ActionKind, EventKind, Governance, SourceRef, Trajectory
 from atdp_io import lineage as lineage_lib
 from atdp_io.trained_on import BATCH_KEY, decode_ref
 from sao_jax.envs.registry import env_class, env_from_task_spec
@@ -56,16 +57,39 @@ class EpisodeRecord:
             raise ValueError(f"episode {self.trajectory_id!r} has no task sentence")
 
 
-def from_trajectory(trajectory: Trajectory) -> EpisodeRecord:
-    """The record of an ATDP trajectory written by the rollout engine or the expert."""
+def from_trajectory(trajectory: Trajectory, *, think: bool = False) -> EpisodeRecord:
+    """The record of an ATDP trajectory: one written by the rollout engine or the expert
+    (commands and env observations on each LLM call), or one the serving gateway recorded
+    (chat messages, replies, tool calls: an agent's served traffic).
+
+    Actions, one per LLM call: the call's command; a chat reply read by the env's harness
+    (`parse_reply`: its `<action>` block, "" when malformed) when the trajectory is an env's
+    episode (`header.task` names its env or split), else the reply text itself; typed tool
+    calls as "name {json arguments}". Observations: the call's own, else the current
+    observation of the prompt that preceded it (`read_prompt`), else that prompt, else the
+    last tool result. The task: `header.task["sentence"]`, else read from the first prompt,
+    else rebuilt from the game spec.
+    """
     task = dict(trajectory.header.task)
-    calls = [e for e in trajectory.events if e.kind == EventKind.LLM_CALL]
-    actions = tuple(e.action.text if e.action else "" for e in calls)
-    observations = tuple(e.observation or "" for e in calls)
-    sentence = str(task.get("sentence", ""))
     harness = env_class(str(task.get("env", "alfworld"))).harness
-    for event in calls if not sentence else ():
-        sentence = harness.read_prompt(event.observation or "")[0]
+    env_episode = "env" in task or "split" in task
+    actions, observations, contexts = [], [], []
+    context, tool_result = "", ""
+    for event in trajectory.events:
+        if event.kind == EventKind.MESSAGE and isinstance(event.observation, Mapping):
+            if event.observation.get("role") in ("user", "system"):
+                context = str(event.observation.get("content", ""))
+        elif event.kind == EventKind.TOOL_CALL:
+            tool_result = str(event.result or "")
+        elif event.kind == EventKind.LLM_CALL:
+            own = event.observation if isinstance(event.observation, str) else ""
+            actions.append(_action_text(event.action, harness, env_episode, think))
+            found = harness.read_prompt(context)[1] if context else []
+            observations.append(own or (found[-1] if found else context or tool_result))
+            contexts.append(own or context)
+    sentence = str(task.get("sentence", ""))
+    for text in contexts if not sentence else ():
+        sentence = harness.read_prompt(text)[0]
         if sentence:
             break
     success = bool(trajectory.outcome and trajectory.outcome.success)
@@ -73,13 +97,51 @@ def from_trajectory(trajectory: Trajectory) -> EpisodeRecord:
         trajectory_id=trajectory.trajectory_id,
         task=sentence or _task_from_game(task),
         task_type=str(task.get("task_type", "")),
-        actions=actions,
-        observations=observations,
+        actions=tuple(actions),
+        observations=tuple(observations),
         success=success,
         game=task if "index" in task and "split" in task else None,
         source=lineage_lib.source_ref(trajectory),
         governance=lineage_lib.effective_governance(trajectory),
     )
+
+
+def _action_text(action: Action | None, harness, env_episode: bool, think: bool) -> str:
+    """One LLM call's action as the analyzer reads it (see `from_trajectory`)."""
+    if action is None:
+        return ""
+    if action.kind == ActionKind.TOOL_CALLS and action.tool_calls:
+        return "; ".join(
+            f"{c.name} {json.dumps(dict(c.arguments), sort_keys=True)}" for c in action.tool_calls
+        )
+    if action.kind == ActionKind.COMMAND or not env_episode:
+        return action.text
+    return harness.parse_reply(action.text, think=think).action or ""
+
+
+def with_task_specs(records: dict[int, EpisodeRecord], store) -> dict[int, EpisodeRecord]:
+    """`records` (of `from_batch`) with each one's game spec read from the stored
+    trajectory's `header.task` (records with no source, or whose source is gone, unchanged):
+    what the rule-based analyzer needs to read a learner batch's episodes."""
+    readers, out = {}, {}
+    for key, record in records.items():
+        ref = record.source
+        if record.game is not None or ref is None:
+            out[key] = record
+            continue
+        if ref.tenant not in readers:
+            reader = store.reader(ref.tenant, principal=ref.tenant)
+            reader.refresh()
+            readers[ref.tenant] = reader
+        try:
+            header = readers[ref.tenant].read(ref.trajectory_id).header
+        except KeyError:
+            out[key] = record
+            continue
+        task = dict(header.task)
+        game = task if "index" in task and "split" in task else None
+        out[key] = dataclasses.replace(record, game=game)
+    return out
 
 
 def _task_from_game(task: Mapping) -> str:

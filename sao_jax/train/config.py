@@ -200,12 +200,17 @@ class OpdConfig:
       beta: gate sharpness of the gated form.
       mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
       clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
+      grad_share: diagnostics: also measure the term's share of the policy gradient in
+        parameter space (`policy/opd_grad_share`: |grad of weight * L_opd| / |grad of the
+        whole policy loss|), at the cost of one more forward and backward pass per policy
+        step; the cheap estimate `policy/opd_token_grad_share` is always reported.
     """
 
     weight: float = 0.01
     beta: float = OPD_BETA
     mode: str = OPD_MODES[0]
     clip: float | None = None
+    grad_share: bool = False
 
     def __post_init__(self):
         if self.weight < 0 or self.beta < 0:

@@ -390,6 +390,8 @@ class Learner:
             host["mask_table"] = _common_mask_rows(host["mask_table"])
         if self.algorithm.opd and "skill_logp" in batch:
             host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
+            if "skill_kinds" in batch:  # [R] bitmask of the skill's kinds: per-kind gap metrics
+                host["skill_kinds"] = np.asarray(batch["skill_kinds"], np.int32)
         if self.algorithm.advantage == "group":
             host["group_id"] = adv_lib.prompt_group_ids(host)
         if compact:

@@ -247,7 +247,20 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 moe_aux=config.moe,
             )
 
-        return guarded_update(loss_fn, policy_optimizer, params, opt_state)
+        new_params, new_opt_state, metrics = guarded_update(
+            loss_fn, policy_optimizer, params, opt_state
+        )
+        if opd is not None and opd.grad_share:  # SEED diagnostics: one more backward pass
+            opd_norm = objectives.opd_gradient_norm(
+                lambda p: nnx.merge(policy_graphdef, p, frozen),
+                params,
+                batch,
+                opd,
+                chunk_size=config.logprob_chunk_size,
+                action_capacity=capacity,
+            )
+            metrics["opd_grad_share"] = opd_norm / jnp.maximum(metrics["grad_norm"], 1e-30)
+        return new_params, new_opt_state, metrics
 
     def logprobs(params, frozen, batch):
         policy = nnx.merge(policy_graphdef, params, frozen)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from sao_jax.losses import masked_token_mean, sao_value_loss, seed_opd_loss
+from sao_jax.losses import masked_token_mean, sao_value_loss, seed_gap_by_kind, seed_opd_loss
 from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
 from sao_jax.models.logprobs import LOGPROB_CHUNK
@@ -329,13 +329,17 @@ def policy_gradient_loss(
     Returns:
       (loss, metrics) with the objective's metrics plus `entropy`, `load_balance_loss`,
       `router_z_loss`, `expert_dropped_fraction`, `policy_objective` (before aux terms), and
-      with `opd`: `opd_loss`, `opd_delta_mean`, `opd_gate_mean` (or `opd_clip_frac`).
+      with `opd`: `opd_loss`, `seed_opd_loss`'s metrics as `opd_*` and `opd_diagnostics`'.
     """
     mask = action_mask(batch)
     logp, entropy, aux = policy_logprobs(
         policy, batch, chunk_size=chunk_size, action_capacity=action_capacity
     )
-    objective, metrics = policy_loss(logp, behaviour_logp, advantages, mask)
+
+    def objective_fn(x):
+        return policy_loss(x, behaviour_logp, advantages, mask)
+
+    objective, metrics = objective_fn(logp)
     mean_entropy = masked_token_mean(entropy, mask)
     loss = objective + aux.weighted_loss(moe_aux) - entropy_coef * mean_entropy
     metrics = dict(metrics)
@@ -350,6 +354,7 @@ def policy_gradient_loss(
         loss = loss + opd.weight * opd_value
         metrics["opd_loss"] = opd_value
         metrics.update({f"opd_{k}": v for k, v in opd_metrics.items()})
+        metrics.update(opd_diagnostics(logp, batch, mask, opd, objective_fn))
     metrics.update(
         policy_objective=objective,
         entropy=jax.lax.stop_gradient(mean_entropy),
@@ -358,6 +363,77 @@ def policy_gradient_loss(
         expert_dropped_fraction=aux.dropped_fraction,
     )
     return loss, metrics
+
+
+def opd_diagnostics(
+    logp: jax.Array,
+    batch: Batch,
+    mask: jax.Array,
+    opd: OpdConfig,
+    objective_fn: Callable[[jax.Array], tuple[jax.Array, Metrics]],
+) -> Metrics:
+    """SEED's per-batch diagnostics beyond `seed_opd_loss`'s own (no gradient, cheap).
+
+    `opd_gap_<kind>` / `opd_kind_share_<kind>` (`seed_gap_by_kind`) when the batch carries
+    `skill_kinds` [R]; `opd_token_grad_share`: |d(weight * L_opd)/d logp| over
+    |d(L_RL + weight * L_opd)/d logp|, both gradients taken with respect to the action tokens'
+    log-probs [R, T] (elementwise, no backward pass through the model; above 1 when the two
+    terms pull against each other), and `opd_token_grad_cos`, the cosine between the OPD and
+    the RL term's gradients there (0 when either is zero). The share is an estimate of
+    the OPD term's share of the parameter gradient (both are pulled back through the same
+    Jacobian d logp / d params, which can stretch them differently; the entropy bonus and the
+    MoE aux losses are left out). `OpdConfig.grad_share` measures the parameter-space share.
+    """
+    metrics = {}
+    if "skill_kinds" in batch:
+        kinds = seed_gap_by_kind(logp, batch["skill_logp"], mask, batch["skill_kinds"])
+        metrics.update({f"opd_{k}": v for k, v in kinds.items()})
+    point = jax.lax.stop_gradient(logp)
+
+    def opd_term(x):
+        value, _ = seed_opd_loss(
+            x, batch["skill_logp"], mask, beta=opd.beta, mode=opd.mode, clip=opd.clip
+        )
+        return opd.weight * value
+
+    opd_grad = jax.grad(opd_term)(point)
+    rl_grad = jax.grad(lambda x: objective_fn(x)[0])(point)
+    total = jnp.linalg.norm(rl_grad + opd_grad)
+    opd_norm, rl_norm = jnp.linalg.norm(opd_grad), jnp.linalg.norm(rl_grad)
+    share = opd_norm / jnp.maximum(total, 1e-30)
+    cosine = jnp.sum(opd_grad * rl_grad) / jnp.maximum(opd_norm * rl_norm, 1e-30)
+    metrics["opd_token_grad_share"] = jax.lax.stop_gradient(jnp.where(total > 0, share, 0.0))
+    metrics["opd_token_grad_cos"] = jax.lax.stop_gradient(cosine)
+    return metrics
+
+
+def opd_gradient_norm(
+    policy_fn: Callable[[object], Transformer],
+    params,
+    batch: Batch,
+    opd: OpdConfig,
+    *,
+    chunk_size: int,
+    action_capacity: int | None = None,
+) -> jax.Array:
+    """|grad_params (opd.weight * seed_opd_loss)|: the OPD term's own parameter gradient norm
+    (one more forward and backward pass of the policy; `OpdConfig.grad_share`). Divided by the
+    update's `grad_norm` it is the term's share of the policy gradient."""
+
+    def term(p):
+        logp, _, _ = policy_logprobs(
+            policy_fn(p), batch, chunk_size=chunk_size, action_capacity=action_capacity
+        )
+        value, _ = seed_opd_loss(
+            logp, batch["skill_logp"], action_mask(batch), beta=opd.beta, mode=opd.mode,
+            clip=opd.clip,
+        )  # fmt: skip
+        return opd.weight * value
+
+    grads = jax.grad(term)(params)
+    return jax.lax.stop_gradient(
+        jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads)))
+    )
 
 
 def value_loss(

@@ -1,15 +1,20 @@
 """`python -m experiments.alfworld_seed` end to end on the micro preset: both SEED stages."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from atdp_io import AtdpStore
 from experiments import alfworld_seed
+from sao_jax.distributed.local_launch import launch_local
+from sao_jax.losses import SKILL_KINDS
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.seed import SeedExperimentConfig
 from sao_jax.seed import load_skills
 
+REPO = Path(__file__).parents[2]
 MICRO = [
     "--config",
     "micro",
@@ -36,15 +41,53 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
         saved["seed_analysis_seconds_per_iter"] > 0 and saved["seed_rescore_seconds_per_iter"] > 0
     )
     assert 0 < saved["seed_opd_gate_mean"] < 1
+    assert 0 <= saved["seed_opd_gate_rate"] <= 1 and saved["seed_opd_token_grad_share"] > 0
+    assert saved["seed_opd_grad_share"] is None  # learner.opd.grad_share is off by default
     records = read_metrics(tmp_path)
     assert any("sft/nll" in r for r in records)
     rl = [r for r in records if r.get("phase") == 1.0]
     assert rl and all("policy/opd_loss" in r and "seed/skills" in r for r in rl)
+    # every stage-2 skill is classified; the per-kind gap is logged for each kind
+    for r in rl:
+        assert sum(r[f"seed/skills_{k}"] > 0 for k in SKILL_KINDS) >= 1
+        assert all(f"policy/opd_gap_{k}" in r for k in SKILL_KINDS)
     store = AtdpStore.open(str(tmp_path / "atdp"), create=False)
     stage1 = load_skills(store, tenant="seed_sft")
     assert len(stage1) == 2 and {s.skill.analyzer for s in stage1} == {"rule_alfworld"}
     stage2 = load_skills(store, tenant="skills")
     assert stage2 and {s.skill.analyzer for s in stage2} == {"self_policy"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_seed_run_spans_two_processes(tmp_path):
+    """Like alfworld_sao's multi-process run: 2 local processes x 2 fake devices, each playing,
+    labelling and writing its own partitions; cloning and learner steps span both."""
+    shared = tmp_path / "bucket"  # storage every "host" sees
+    argv = [
+        *MICRO, "--out", str(tmp_path / "out"), f"atdp_path={shared / 'atdp'}",
+        f"checkpoint_dir={shared / 'checkpoints'}", "mesh.ici.fsdp=-1", "mesh.ici.expert=2",
+        "mesh.dcn.data=-1", "mesh.dcn.fsdp=1",
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "experiments.alfworld_seed", *argv]
+    result = launch_local(
+        command, 2, logs=tmp_path / "logs", devices_per_process=2, timeout_s=600, cwd=REPO
+    )
+    assert result.ok, result.describe()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["algorithm"] == "sao_seed" and summary["policy_steps"] == 1
+    # micro's 2 stage-1 episodes: one per process, each labelled, counted over both
+    assert summary["seed_sft_played_episodes"] == 2 and summary["seed_sft_skills"] == 2
+    store = AtdpStore.open(str(shared / "atdp"), create=False)
+    for tenant in ("seed_play", "seed_sft"):
+        assert {f"{tenant}-p0", f"{tenant}-p1"} <= set(store.tenants())
+    for process in (0, 1):
+        assert len(load_skills(store, tenant=f"seed_sft-p{process}")) == 1
+    # stage 2: the processes that brought rows wrote their skills to their own partition
+    written = [t for t in store.tenants() if t.startswith("skills-p")]
+    assert written and all(load_skills(store, tenant=t) for t in written)
+    rl = [r for r in read_metrics(tmp_path / "out") if r.get("phase") == 1.0]
+    assert rl and all("policy/opd_loss" in r and "policy/opd_delta_p50" in r for r in rl)
 
 
 def test_bad_seed_overrides_are_named(capsys):
@@ -68,3 +111,36 @@ def test_compare_algos_gives_seed_algorithms_a_seed_config(tmp_path):
     assert run.hindsight == alfworld_seed.PRESETS["micro"].hindsight
     plain = compare_algos.run_config(config, "sao", 1, None)
     assert not hasattr(plain, "hindsight") and plain.learner.algorithm == "sao"
+
+
+def test_compare_algos_reports_seed_diagnostics_and_cost_columns(tmp_path):
+    from experiments import compare_algos
+
+    base = {"unseen_success_start": 0.2, "unseen_success_end": 0.3, "seen_success_end": 0.3,
+            "policy_steps": 2, "rl_env_steps": 8, "rl_seconds": 1.0}  # fmt: skip
+    seed = {"seed_opd_delta_mean": -0.1, "seed_opd_delta_p50": -0.05, "seed_opd_gate_rate": 0.4,
+            "seed_opd_grad_share": None, "seed_opd_token_grad_share": 0.02,
+            "seed_opd_gap_fact": 0.3, "seed_opd_gap_failed_command": None,
+            "seed_opd_gap_procedure": 0.5, "seed_opd_gap_other": -0.2,
+            "seed_analysis_seconds_per_iter": 0.1, "seed_rescore_seconds_per_iter": 0.4}  # fmt: skip
+    for name, summary in (("sao", base), ("sao_seed", {**base, **seed})):
+        for run_seed, shift in ((0, 0.0), (1, 0.2)):
+            run = tmp_path / f"{name}-seed{run_seed}"
+            run.mkdir()
+            moved = {k: v + shift if isinstance(v, float) and k.startswith("seed_opd_gap") else v
+                     for k, v in summary.items()}  # fmt: skip
+            (run / "summary.json").write_text(json.dumps(moved))
+            record = {"step": 1, "phase": 1.0, "policy/entropy": 1.0}
+            (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    config = compare_algos.CompareConfig(
+        out_dir=str(tmp_path), resume=True, algorithms=("sao", "sao_seed"), seeds=(0, 1)
+    )
+    rows = {row["algorithm"]: row for row in compare_algos.compare(config)["rows"]}
+    assert "opd_gap" not in rows["SAO"]
+    seeded = rows["SAO+SEED"]
+    assert seeded["opd_gap"] == -0.1 and seeded["gate_rate"] == 0.4
+    assert seeded["gap_fact"] == pytest.approx(0.4) and seeded["gap_procedure"] == 0.6
+    assert seeded["opd_grad_share"] is None and seeded["gap_failed_command"] is None
+    assert seeded["seed_s_per_iter"] == pytest.approx(0.5)
+    table = (tmp_path / "comparison.txt").read_text()
+    assert "gate_rate" in table and "seed_s_per_iter" in table

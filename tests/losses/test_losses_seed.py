@@ -66,3 +66,40 @@ def test_jit_with_static_mode():
             rtol=1e-6,
         )
     assert jnp.asarray(fn(LOGP, SKILL_LOGP, MASK)[0]).dtype == jnp.float32
+
+
+def test_gap_distribution_metrics_match_numpy():
+    rng = np.random.default_rng(3)
+    logp = rng.normal(size=(4, 9)).astype(np.float32)
+    skill_logp = (logp + rng.normal(size=(4, 9))).astype(np.float32)
+    mask = (rng.random((4, 9)) < 0.6).astype(np.float32)
+    _, metrics = seed_opd_loss(logp, skill_logp, mask)
+    delta = (skill_logp - logp)[mask > 0]
+    np.testing.assert_allclose(metrics["delta_std"], delta.std(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["gate_rate"], (delta > 0).mean(), rtol=1e-6)
+    for q in (10, 50, 90):
+        np.testing.assert_allclose(metrics[f"delta_p{q}"], np.quantile(delta, q / 100), rtol=1e-5)
+    # one action token: every quantile is its gap; none: all zero
+    one = np.zeros_like(mask)
+    one[2, 3] = 1.0
+    _, single = seed_opd_loss(logp, skill_logp, one)
+    gap = skill_logp[2, 3] - logp[2, 3]
+    for q in (10, 50, 90):
+        np.testing.assert_allclose(single[f"delta_p{q}"], gap, rtol=1e-6)
+    _, empty = seed_opd_loss(logp, skill_logp, np.zeros_like(mask))
+    assert all(float(v) == 0.0 for k, v in empty.items() if k != "gate_mean")
+
+
+def test_gap_by_kind_reads_the_row_bitmask():
+    from sao_jax.losses import SKILL_KINDS, seed_gap_by_kind
+
+    logp = np.zeros((3, 4), np.float32)
+    skill_logp = np.array([[1.0] * 4, [-2.0] * 4, [5.0] * 4], np.float32)
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], np.float32)
+    # row 0: fact; row 1: fact + procedure; row 2 (no action token): failed_command
+    metrics = seed_gap_by_kind(logp, skill_logp, mask, np.array([0b1, 0b101, 0b10]))
+    np.testing.assert_allclose(metrics["gap_fact"], (2 * 1.0 + 4 * -2.0) / 6)
+    np.testing.assert_allclose(metrics["gap_procedure"], -2.0)
+    assert np.isnan(metrics["gap_failed_command"]) and np.isnan(metrics["gap_other"])
+    np.testing.assert_allclose(metrics["kind_share_procedure"], 4 / 6)
+    assert set(metrics) == {f"{m}_{k}" for k in SKILL_KINDS for m in ("gap", "kind_share")}

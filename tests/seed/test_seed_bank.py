@@ -95,14 +95,14 @@ def test_stage_one_data_is_nll_on_skill_tokens_given_the_episode(store):
     )
     assert stats["skills"] == len(trajectories) and stats["skipped"] == 0
     batch = first_batch(store, tenant="sft", rows=8, seq_len=320)
-    texts = {s.skill.text for s in load_skills(store, tenant="sft")}
-    records = {from_trajectory(t).task: from_trajectory(t) for t in trajectories}
+    # the episode each stored skill was written about
+    about = {s.skill.text: s.skill.trajectory_id for s in load_skills(store, tenant="sft")}
+    records = {t.trajectory_id: from_trajectory(t) for t in trajectories}
     rows = np.flatnonzero(batch["traj_index"] >= 0)
     assert len(rows) == len(trajectories)
     for r in rows:
         mask = batch["loss_mask"][r] > 0
         skill = tokenizer.decode(batch["tokens"][r][mask], skip_special_tokens=True)
-        assert skill in texts  # the trained tokens are exactly the skill (+ end of turn)
+        assert skill in about  # the trained tokens are exactly the skill (+ end of turn)
         prompt = batch["tokens"][r][: np.flatnonzero(mask)[0]]
-        record = next(x for x in records.values() if skill.startswith(x.task))
-        assert list(prompt) == analysis_prompt_ids(tokenizer, record)
+        assert list(prompt) == analysis_prompt_ids(tokenizer, records[about[skill]])

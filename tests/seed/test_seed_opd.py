@@ -10,6 +10,7 @@ from seed_factories import demo_store, first_batch, tiny_policy, word_tokenizer
 from sao_jax.losses import seed_opd_loss
 from sao_jax.models import MoeAuxConfig
 from sao_jax.seed import (
+    Analyzer,
     RuleBasedAlfworldAnalyzer,
     SeedLearner,
     skill_block_ids,
@@ -172,8 +173,11 @@ def test_bad_input_is_named(batch):
         OpdConfig(mode="both")
 
 
-class _BatchAnalyzer(RuleBasedAlfworldAnalyzer):
-    """A fixed skill (batch records carry no game spec for the rule-based analyzer)."""
+class _BatchAnalyzer(Analyzer):
+    """A fixed skill for every episode."""
+
+    name = "fixed"
+    version = "v0"
 
     def analyze_texts(self, records):
         return ["look" for _ in records]
