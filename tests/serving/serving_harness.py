@@ -202,3 +202,21 @@ def stop_process(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=30)
+
+
+# A tool with an object schema (an enum, a boolean, no extra keys) for constrained calls, one
+# the tiny served model never saw, so a grammar mask removes much of its mass; and a tool
+# without parameters (its arguments are exactly {}).
+LAMP = {
+    "type": "function",
+    "function": {
+        "name": "set_lamp",
+        "parameters": {
+            "type": "object",
+            "properties": {"on": {"type": "boolean"}, "room": {"enum": ["hall", "den"]}},
+            "required": ["on", "room"],
+            "additionalProperties": False,
+        },
+    },
+}
+NOTE = {"type": "function", "function": {"name": "note", "parameters": {}}}

@@ -9,24 +9,12 @@ import json
 import numpy as np
 import openai
 import pytest
-from serving_harness import module_server, read_trajectories, session_client
+from serving_harness import LAMP, module_server, read_trajectories, session_client
 
 from atdp_io import ActionKind, EventKind
 
 MODEL = "sao-test"
 TENANT = "acme"
-LAMP = {
-    "type": "function",
-    "function": {
-        "name": "set_lamp",
-        "parameters": {
-            "type": "object",
-            "properties": {"on": {"type": "boolean"}, "room": {"enum": ["hall", "den"]}},
-            "required": ["on", "room"],
-            "additionalProperties": False,
-        },
-    },
-}
 DOOR = {
     "type": "function",
     "function": {

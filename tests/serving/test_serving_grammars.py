@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from serving_harness import LAMP, NOTE
 
 from sao_jax.tokenizers import parse_tool_calls
 from serving.common.errors import ApiError
@@ -15,19 +16,6 @@ from serving.worker.constraints import GrammarCompiler
 
 TOKENIZER = build_tiny_tokenizer()
 COMPILER = GrammarCompiler(TOKENIZER.backend.to_str(), TOKENIZER.vocab_size, TOKENIZER.stop_ids)
-LAMP = {
-    "type": "function",
-    "function": {
-        "name": "set_lamp",
-        "parameters": {
-            "type": "object",
-            "properties": {"on": {"type": "boolean"}, "room": {"enum": ["hall", "den"]}},
-            "required": ["on", "room"],
-            "additionalProperties": False,
-        },
-    },
-}
-NOTE = {"type": "function", "function": {"name": "note", "parameters": {}}}
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 

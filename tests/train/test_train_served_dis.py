@@ -15,6 +15,7 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
 from serving_harness import (
+    LAMP,
     TOOL_MESSAGES,
     WEATHER_TOOL,
     api,
@@ -37,18 +38,6 @@ ANSWER = {
     "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]}},
     "required": ["ok", "level"],
     "additionalProperties": False,
-}
-LAMP = {  # a tool the served model never saw: the mask then removes much of its mass
-    "type": "function",
-    "function": {
-        "name": "set_lamp",
-        "parameters": {
-            "type": "object",
-            "properties": {"on": {"type": "boolean"}, "room": {"enum": ["hall", "den"]}},
-            "required": ["on", "room"],
-            "additionalProperties": False,
-        },
-    },
 }
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
 NAMED = {"type": "function", "function": {"name": "set_lamp"}}
