@@ -1,7 +1,8 @@
 """Proposers: candidate actions per surface from a window's failure analysis.
 
-- memory: one note per failed task, written by an analyzer about that task's latest failure and
-  keyed on the task sentence (retrieved when the same task comes again).
+- memory: one note per failed task, written by an analyzer about that task's latest failure, led
+  by and keyed on the task sentence (retrieved when the same task comes again; a context may
+  hold several notes).
 - skill: one note per failing task type, written by an analyzer about one of its episodes (a
   success first: it yields a reusable strategy), keyed on the words that set that type's task
   sentences apart from the other types' in the window.
@@ -112,11 +113,11 @@ def propose_memory(
     existing = {n.id: n.text for n in base.spec.memory.notes}
     notes = []
     for f, skill in zip(latest, skills, strict=True):
-        note_id = f"mem-{_slug(f.task_id)}"
-        if existing.get(note_id) == skill.text:
+        note_id, text = f"mem-{_slug(f.task_id)}", _about_task(f.task_text, skill.text)
+        if existing.get(note_id) == text:
             continue
         notes.append(
-            {"id": note_id, "text": skill.text, "keys": [f.task_text],
+            {"id": note_id, "text": text, "keys": [f.task_text],
              "created_from": [f.trajectory_id]}
         )  # fmt: skip
     if not notes:
@@ -133,6 +134,14 @@ def propose_memory(
         ),
         f"{len(notes)} note(s) for tasks that failed {sum(len(fs) for fs in ranked)} time(s)",
     )
+
+
+def _about_task(task_text: str, lesson: str) -> str:
+    """A memory note names the task it is about (several notes may be retrieved into one
+    context, and an analyzer's lesson need not say which task it learned from)."""
+    if not task_text or lesson.lower().startswith(task_text.lower()):
+        return lesson
+    return f"{task_text}: {lesson}"
 
 
 def distinctive_words(facts: Sequence[TrajectoryFacts], task_type: str) -> list[str]:

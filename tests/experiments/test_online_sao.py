@@ -185,7 +185,7 @@ def _harness_prompts(config, episode) -> list[str]:
 def test_bad_config_exits_with_a_message_naming_the_problem(tmp_path, capsys):
     cases = {
         "rollout.layout=concat": "rollout.layout must be 'windowed'",
-        "learner.algorithm=grpo": "learner.algorithm must be 'sao'",
+        "learner.algorithm=grpo": "learner.algorithm must be one of ('sao', 'sao_seed') online",
         "agent.concurrency=0": "agent.concurrency must be >= 1",
         "serving.num_slots=0": "serving.num_slots must be >= 1",
         "online.max_staleness=-1": "online.max_staleness must be >= 0",

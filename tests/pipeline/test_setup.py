@@ -5,10 +5,11 @@ import dataclasses
 
 import pytest
 
-from experiments import alfworld_sao
+from experiments import alfworld_sao, online_sao
 from sao_jax.distributed import Job, ProcessInfo
 from sao_jax.pipeline import job as pipeline_job
 from sao_jax.pipeline import setup as pipeline_setup
+from sao_jax.pipeline.online import OnlineJob
 from sao_jax.pipeline.seed import SeedJob, with_seed
 from sao_jax.seed.config import SeedConfig
 
@@ -36,9 +37,19 @@ def test_experiments_without_a_multi_process_path_refuse_one(tmp_path):
 
 
 def test_a_job_without_a_multi_process_path_refuses_one_through_its_hook(tmp_path, monkeypatch):
+    """The online job (one live server, one learner) says `multi_process = False`: refused."""
     monkeypatch.setattr(pipeline_job, "setup_job", two_process_job(tmp_path))
-    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out")])
+    config = online_sao.parse(["--out", str(tmp_path / "out")])
     with pytest.raises(NotImplementedError, match=r"joined 2 processes"):
+        OnlineJob(config)
+    assert not (tmp_path / "out" / "atdp").exists()
+
+
+def test_seed_runs_on_several_processes_past_the_hook(tmp_path, monkeypatch):
+    """SEED's job has a multi-process path: the hook lets it through to the batch check."""
+    monkeypatch.setattr(pipeline_job, "setup_job", two_process_job(tmp_path))
+    config = alfworld_sao.parse(["--config", "micro", "--out", str(tmp_path / "out"), "rl.rows=15"])
+    with pytest.raises(ValueError, match=r"rl.rows=15 does not split over 2 processes"):
         SeedJob(with_seed(config, SeedConfig()))
     assert not (tmp_path / "out" / "atdp").exists()
 
