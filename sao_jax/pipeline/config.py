@@ -89,6 +89,9 @@ class WarmStartSpec:
         every turn it played, and cloning continues on demos + relabelled turns.
       dagger_episodes: episodes the policy plays per DAgger round.
       dagger_steps: cloning steps after each DAgger round.
+      dagger_temperature: the policy's sampling temperature in DAgger rounds (1: as RL samples;
+        0: greedy, as evaluation plays, so the expert relabels the states evaluation reaches,
+        such as a refused command repeated until the step limit).
       from_run: directory of an earlier run of this experiment whose cloned policy and start
         evaluation are reused (demos, cloning and that evaluation are skipped); the model
         config must match.
@@ -109,7 +112,15 @@ class WarmStartSpec:
     dagger_rounds: int = 0
     dagger_episodes: int = 64
     dagger_steps: int = 100
+    dagger_temperature: float = 1.0
     from_run: str | None = None
+
+    def __post_init__(self):
+        if self.dagger_temperature < 0:
+            raise ValueError(
+                f"warm_start.dagger_temperature must be >= 0 (0: greedy), got "
+                f"{self.dagger_temperature}"
+            )
 
 
 @dataclasses.dataclass

@@ -259,14 +259,26 @@ class Run:
             self.store, every_s=every_s, tenants=[tenant], principal=tenant
         ).start()
 
-    def engine(self, publisher, writer, *, asynchronous: bool, tenant: str, seed_offset: int):
+    def engine(
+        self,
+        publisher,
+        writer,
+        *,
+        asynchronous: bool,
+        tenant: str,
+        seed_offset: int,
+        temperature: float | None = None,
+    ):
         """This process's rollout engine over `writer` (its partition of `tenant`); with several
-        processes each plays its share of `episodes_per_version` on its own games."""
+        processes each plays its share of `episodes_per_version` on its own games.
+        `temperature`: decode at this temperature instead of `rollout.temperature` (0: greedy)."""
         rl = self.config.rl
         seed_offset += self.seed_offset()
         rollout = dataclasses.replace(
             self.config.rollout, seed=self.config.rollout.seed + self.seed_offset()
         )
+        if temperature is not None:
+            rollout = dataclasses.replace(rollout, temperature=temperature)
         return RolloutEngine(
             self.sampler_template,
             self.tokenizer,

@@ -185,14 +185,19 @@ def dagger_round(
     index: int,
     report: Callable[[int, dict], None],
 ) -> None:
-    """The cloned policy plays (sampling), the expert relabels its turns into the demos tenant,
-    and cloning continues on everything there."""
+    """The cloned policy plays (at `warm_start.dagger_temperature`; 0: greedy), the expert
+    relabels its turns into the demos tenant, and cloning continues on everything there."""
     spec, config = run.config.warm_start, run.config
     publisher = run.publisher()
     publisher.publish(cloner.policy_module(), index)
     with run.store.writer(run.tenant(DAGGER)) as writer:
         engine = run.engine(
-            publisher, writer, asynchronous=False, tenant=DAGGER, seed_offset=700 + index
+            publisher,
+            writer,
+            asynchronous=False,
+            tenant=DAGGER,
+            seed_offset=700 + index,
+            temperature=spec.dagger_temperature,
         )
         stats = run.combined_stats(engine.generate(run.share(spec.dagger_episodes)))
     tenant = run.tenant(DAGGER)

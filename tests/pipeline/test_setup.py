@@ -75,3 +75,22 @@ def test_the_runs_loaders_rebuild_constrained_calls_masks_with_its_tokenizer(tmp
     assert replay is not None and replay.vocab_size == run.policy.config.vocab_size
     assert replay.words == -(-run.policy.config.vocab_size // 32)
     assert replay.tokenizer_json == run.tokenizer.backend.to_str()
+
+
+def test_dagger_rounds_can_play_greedily_as_evaluation_does(tmp_path, capsys):
+    """`warm_start.dagger_temperature=0`: the DAgger engine decodes greedily (the states
+    evaluation reaches get relabelled); the RL engines keep `rollout.temperature`; a negative
+    temperature is refused on the command line."""
+    out = str(tmp_path / "out")
+    config = alfworld_sao.parse(["--config", "micro", "--out", out])
+    run = pipeline_setup.Run(config)
+    with run.store.writer(run.tenant("dagger")) as writer:
+        kwargs = dict(asynchronous=False, tenant="dagger", seed_offset=700)
+        greedy = run.engine(run.publisher(), writer, temperature=0.0, **kwargs)
+        sampling = run.engine(run.publisher(), writer, **kwargs)
+    assert greedy.rollout.temperature == 0.0
+    assert sampling.rollout.temperature == config.rollout.temperature == 1.0
+    with pytest.raises(SystemExit) as exit_info:
+        alfworld_sao.main(["--config", "micro", "--out", out, "warm_start.dagger_temperature=-1"])
+    assert exit_info.value.code == 2
+    assert "warm_start.dagger_temperature must be >= 0" in capsys.readouterr().err
