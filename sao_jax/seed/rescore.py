@@ -15,11 +15,14 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from atdp_io.rows import SAMPLING_KEYS
+from atdp_io.token_masks import MASK_KEYS
 
 _SHIFTED_KEYS = ("tokens", "loss_mask", "rollout_logp", "rewards", "versions", "segment_ids")
 # the decoding-transform keys (`SAMPLING_KEYS`, when the batch has them) shift too, so the
-# teacher's log-probs are taken under the same transform as the student's; identity fill
-_FILL = {"versions": -1, "sample_temperature": 1.0, "sample_top_p": 1.0}
+# teacher's log-probs are taken under the same transform as the student's; identity fill. So does
+# a constrained call's `mask_index` (-1: no mask; its `mask_table` is per row, copied as is):
+# the teacher scores the tokens under the same grammar mask as the student
+_FILL = {"versions": -1, "sample_temperature": 1.0, "sample_top_p": 1.0, "mask_index": -1}
 
 
 def skill_injected_batch(
@@ -43,13 +46,16 @@ def skill_injected_batch(
     tokens = np.asarray(batch["tokens"])
     rows, width, skill = tokens.shape[0], tokens.shape[1], max_skill_tokens
     out = {}
-    for key in (*_SHIFTED_KEYS, *(k for k in SAMPLING_KEYS if k in batch)):
+    extra = [k for k in (*SAMPLING_KEYS, MASK_KEYS[0]) if k in batch]
+    for key in (*_SHIFTED_KEYS, *extra):
         value = np.asarray(batch[key])
         shifted = np.full((rows, skill + width), _FILL.get(key, 0), value.dtype)
         shifted[:, skill:] = value
         out[key] = shifted
     positions = np.zeros((rows, skill + width), np.int32)
     positions[:, skill:] = np.asarray(batch["positions"])
+    if MASK_KEYS[1] in batch:
+        out[MASK_KEYS[1]] = np.asarray(batch[MASK_KEYS[1]]).copy()
     out["traj_index"] = np.asarray(batch["traj_index"]).copy()
     out["turn_index"] = np.asarray(batch["turn_index"]).copy()
     truncated, lengths = 0, []

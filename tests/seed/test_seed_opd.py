@@ -181,3 +181,32 @@ class _BatchAnalyzer(Analyzer):
 
     def analyze_texts(self, records):
         return ["look" for _ in records]
+
+
+def test_the_teacher_scores_constrained_tokens_under_the_students_grammar_mask(batch):
+    """A served call decoded under a grammar: its action tokens carry `mask_index` /
+    `mask_table`. The skill-injected rows keep them aligned with the tokens, so with no skill
+    block the teacher's log-probs equal the student's masked ones (and differ from unmasked)."""
+    learner = Learner(LearnerConfig(algorithm="grpo"), tiny_policy(seed=5))
+    vocab = learner.policy_module().config.vocab_size
+    words = -(-vocab // 32)
+    tokens, action = batch["tokens"], batch["loss_mask"] > 0
+    # one mask per row: its own action tokens and ids 1..3 allowed, every other id masked out
+    table = np.zeros((tokens.shape[0], 1, words), np.int32)
+    for r in range(tokens.shape[0]):
+        for token in {1, 2, 3, *tokens[r][action[r]].tolist()}:
+            table[r, 0, token // 32] |= np.int32(1 << (token % 32)) if token % 32 < 31 else -(2**31)
+    masked = dict(  # the loader gives masked rows the (identity) sampling keys too
+        batch,
+        mask_index=np.where(action, 0, -1).astype(np.int32),
+        mask_table=table,
+        sample_temperature=np.ones(tokens.shape, np.float32),
+        sample_top_k=np.zeros(tokens.shape, np.int32),
+        sample_top_p=np.ones(tokens.shape, np.float32),
+    )
+    student = learner.policy_logprobs(masked)
+    teacher, _ = skill_logprobs(learner.policy_logprobs, masked, {}, 8)
+    np.testing.assert_allclose(teacher[action], student[action], atol=2e-5)
+    unmasked = learner.policy_logprobs(batch)
+    assert np.all(student[action] >= unmasked[action] - 1e-5)  # renormalised over fewer ids
+    assert np.max(student[action] - unmasked[action]) > 0.1
