@@ -130,7 +130,11 @@ class GenerationEngine:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start (or restart after `stop`) the engine thread."""
+        """Start (or restart after `stop`) the engine thread. A thread a `stop` left still
+        finishing its dispatch is waited for first: two threads never share the KV cache."""
+        if self._thread is not None and self._stopping:
+            self._thread.join()
+            self._thread = None
         if self._thread is None:
             self._stopping = False
             self._thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
@@ -174,6 +178,9 @@ class GenerationEngine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60)
+            if self._thread.is_alive():  # a long dispatch: `start` waits for it to end
+                logger.warning("engine thread still finishing a dispatch 60 s after stop")
+                return
             self._thread = None
 
     @property
@@ -465,6 +472,7 @@ class GenerationEngine:
     def _prefill_chunk(self, state: DecodeState, index: int, prompt: list[int], start: int):
         """Encode prompt[start:] into slot `index` (positions start..); the sample is dropped
         (max_new_tokens 1 leaves the slot inactive, so no decode step touches it)."""
+        generation = self.sampler.weights_generation
         state, *_ = self.sampler.prefill(
             state,
             [prompt],
@@ -472,7 +480,8 @@ class GenerationEngine:
             SamplingParams(max_new_tokens=1),
             cached=[start],
         )
-        self.slot_contents.chunk_prefilled(index, prompt, self.sampler.weights_generation)
+        generation = _unless_swapped(generation, self.sampler.weights_generation)
+        self.slot_contents.chunk_prefilled(index, prompt, generation)
         return state
 
     def _prefill(
@@ -522,6 +531,7 @@ class GenerationEngine:
         version = self.sampler.policy_version
         sampling = [self._sampling(self._slots[r[0]].request, r[2], r[3]) for r in loads]
         mask = self._token_mask([self._slots[r[0]] for r in loads])
+        generation = self.sampler.weights_generation
         state, first, logp, _, sampled = self.sampler.prefill(
             state,
             [r[1] for r in loads],
@@ -531,7 +541,7 @@ class GenerationEngine:
             token_mask=mask,
             behaviour=True,
         )
-        generation = self.sampler.weights_generation
+        generation = _unless_swapped(generation, self.sampler.weights_generation)
         stopped = []
         for (index, prompt, *_), token, lp, sp in zip(loads, first, logp, sampled, strict=True):
             self.slot_contents.prefilled(index, prompt, int(token), generation)
@@ -691,3 +701,11 @@ def _push_many(loop: asyncio.AbstractEventLoop, items: list) -> None:
 
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
         loop.call_soon_threadsafe(push_all)
+
+
+def _unless_swapped(before: int, after: int) -> int:
+    """The weights generation to tag KV written by a sampler call: the one it started under,
+    or -1 (reusable by nobody) when the weights were swapped during the call -- by a direct
+    `Sampler.update_weights` from another thread; `update_weights` here swaps between
+    dispatches, on the engine thread."""
+    return before if before == after else -1

@@ -154,6 +154,36 @@ def test_weight_swap_mid_generation_drops_nothing_and_stamps_versions(
     np.testing.assert_allclose(logprobs, expected, atol=2e-4)
 
 
+def test_kv_written_while_weights_are_swapped_outside_the_engine_is_not_reused(
+    make_worker, sampler, full_logprobs, monkeypatch
+):
+    """Weights swapped by a direct `Sampler.update_weights` from another thread while a
+    prefill runs (not through the engine, which swaps between dispatches): the slot's KV is of
+    the old weights, so the next request with that prompt must not reuse it -- its log-probs
+    are exactly the new weights'."""
+    worker = make_worker()
+    new = nnx.state(init_model(sampler.config, seed=11))
+    real_prefill, swapped = sampler.prefill, []
+
+    def prefill_then_swap(*args, **kwargs):  # the swap lands while this call is "running"
+        out = real_prefill(*args, **kwargs)
+        if not swapped:
+            sampler.update_weights(new, 1)
+            swapped.append(True)
+        return out
+
+    monkeypatch.setattr(sampler, "prefill", prefill_then_swap)
+    prompt = prompts()[2]
+    request = GenerationRequest(tuple(prompt), max_tokens=6, seed=3, stop_token_ids=())
+    asyncio.run(collect(worker, request))
+    cached_before = worker.engine.cached_tokens
+    ids, logprobs, *_ = asyncio.run(collect(worker, dataclasses.replace(request, seed=4)))
+    assert swapped and worker.engine.cached_tokens == cached_before  # nothing reused
+    reference = full_logprobs(new, prompt + ids)
+    expected = [reference[len(prompt) + j - 1, t] for j, t in enumerate(ids)]
+    np.testing.assert_allclose(logprobs, expected, atol=2e-4)
+
+
 def test_pause_queues_and_continue_resumes(make_worker):
     worker = make_worker()
 
