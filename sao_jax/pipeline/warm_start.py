@@ -140,10 +140,11 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         log.write(run.step, record)
         bar.update(metrics=metrics | {f"heldout_{k}": v for k, v in last_heldout.items()})
 
+    dagger = []
     with bar:
         cloner.run(batches, steps, report)
         for round_index in range(spec.dagger_rounds):
-            dagger_round(run, log, cloner, round_index, report)
+            dagger.append(dagger_round(run, log, cloner, round_index, report))
     run.policy = cloner.policy_module()
     run.seconds["bc"] += time.perf_counter() - start
     log.write(
@@ -165,6 +166,13 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         "expert_avg_steps": demos["avg_steps"],
         "demos_too_long_fraction": float(1 - fits.mean()),
         **{f"heldout_{k}": v for k, v in last_heldout.items()},
+        # each DAgger round: the policy's success on the games it played, the turns relabelled
+        **{f"dagger{i + 1}_success": r["success"] for i, r in enumerate(dagger)},
+        **(
+            {"dagger_relabelled_turns": sum(r["relabelled_turns"] for r in dagger)}
+            if dagger
+            else {}
+        ),
     }
 
 
@@ -184,9 +192,11 @@ def dagger_round(
     cloner: BehaviourCloner,
     index: int,
     report: Callable[[int, dict], None],
-) -> None:
+) -> dict[str, float]:
     """The cloned policy plays (at `warm_start.dagger_temperature`; 0: greedy), the expert
-    relabels its turns into the demos tenant, and cloning continues on everything there."""
+    relabels its turns into the demos tenant, and cloning continues on everything there.
+    Returns the round's `success` (of the games played, every process's) and
+    `relabelled_turns`."""
     spec, config = run.config.warm_start, run.config
     publisher = run.publisher()
     publisher.publish(cloner.policy_module(), index)
@@ -214,20 +224,22 @@ def dagger_round(
     )
     with run.store.writer(run.tenant(DEMOS)) as writer:
         writer.append(relabelled)
+    turns = int(  # over every process's relabelled episodes
+        allgather_numbers([sum(len(t.llm_events()) for t in relabelled)]).sum()
+    )
     log.write(
         run.step,
         {
             "dagger/round": index + 1,
             "dagger/episodes": stats["episodes"],
             "dagger/success": stats["success_rate"],
-            "dagger/relabelled_turns": int(  # over every process's relabelled episodes
-                allgather_numbers([sum(len(t.llm_events()) for t in relabelled)]).sum()
-            ),
+            "dagger/relabelled_turns": turns,
         },
     )
     loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
     batches = iter(loader.epoch(seed=config.seed + index + 1, num_epochs=None))
     cloner.run(batches, spec.dagger_steps, report)
+    return {"success": float(stats["success_rate"]), "relabelled_turns": turns}
 
 
 def warm_start(run: Run, log: MetricsWriter) -> None:

@@ -48,6 +48,10 @@ def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
     assert steps == sorted(steps) and steps[0] == 1
     assert any("bc/nll" in r and "bc/context_nll" in r for r in records)
     assert any(r.get("dagger/relabelled_turns", 0) > 0 for r in records)
+    # the summary's warm-start block carries each DAgger round's success and the relabels
+    (dagger,) = [r for r in records if "dagger/success" in r]  # micro: one round
+    assert saved["warm_start"]["dagger1_success"] == dagger["dagger/success"]
+    assert saved["warm_start"]["dagger_relabelled_turns"] == dagger["dagger/relabelled_turns"]
     assert any("eval/valid_unseen/success" in r for r in records)
     rl = [r for r in records if r.get("phase") == 1.0]
     assert len(rl) >= 2 and all("policy/clip_frac" in r and "critic/loss" in r for r in rl)
