@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 from seed_factories import demo_store, first_batch, tiny_policy, word_tokenizer
 
+from atdp_io.grammar_masks import stop_bitmask
 from sao_jax.losses import seed_opd_loss
 from sao_jax.models import MoeAuxConfig
 from sao_jax.seed import (
@@ -192,10 +193,12 @@ def test_the_teacher_scores_constrained_tokens_under_the_students_grammar_mask(b
     words = -(-vocab // 32)
     tokens, action = batch["tokens"], batch["loss_mask"] > 0
     # one mask per row: its own action tokens and ids 1..3 allowed, every other id masked out
-    table = np.zeros((tokens.shape[0], 1, words), np.int32)
-    for r in range(tokens.shape[0]):
-        for token in {1, 2, 3, *tokens[r][action[r]].tolist()}:
-            table[r, 0, token // 32] |= np.int32(1 << (token % 32)) if token % 32 < 31 else -(2**31)
+    table = np.stack(
+        [
+            stop_bitmask(sorted({1, 2, 3, *tokens[r][action[r]].tolist()}), words)[None]
+            for r in range(tokens.shape[0])
+        ]
+    )
     masked = dict(  # the loader gives masked rows the (identity) sampling keys too
         batch,
         mask_index=np.where(action, 0, -1).astype(np.int32),
