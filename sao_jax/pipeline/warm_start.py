@@ -166,14 +166,12 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         "expert_avg_steps": demos["avg_steps"],
         "demos_too_long_fraction": float(1 - fits.mean()),
         **{f"heldout_{k}": v for k, v in last_heldout.items()},
-        # each DAgger round: the policy's success on the games it played, the turns relabelled
-        **{f"dagger{i + 1}_success": r["success"] for i, r in enumerate(dagger)},
-        **(
-            {"dagger_relabelled_turns": sum(r["relabelled_turns"] for r in dagger)}
-            if dagger
-            else {}
-        ),
     }
+    if dagger:  # each round's success on the games it played, and the turns relabelled
+        for i, result in enumerate(dagger):
+            run.evals["warm_start"][f"dagger{i + 1}_success"] = result["success"]
+        turns = sum(r["relabelled_turns"] for r in dagger)
+        run.evals["warm_start"]["dagger_relabelled_turns"] = turns
 
 
 def heldout_batches(run: Run, spec) -> list[dict]:
