@@ -321,8 +321,14 @@ class GenerationEngine:
             seed=seed,
         )
 
+    def _fresh_state(self) -> DecodeState:
+        """An empty KV cache; what `slot_contents` said the old one held is forgotten with
+        it (a restarted engine or a failed dispatch must not reuse prefixes it no longer has)."""
+        self.slot_contents.clear()
+        return self.sampler.init_state(self.config.num_slots, self.cache_length)
+
     def _run(self) -> None:
-        state = self.sampler.init_state(self.config.num_slots, self.cache_length)
+        state = self._fresh_state()
         while True:
             with self._cv:
                 while not self._stopping and not self._has_work():
@@ -353,8 +359,7 @@ class GenerationEngine:
                 logger.exception("generation engine iteration failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
                 self._chunking.clear()
-                self.slot_contents.clear()
-                state = self.sampler.init_state(self.config.num_slots, self.cache_length)
+                state = self._fresh_state()
         self._fail_all("the worker is shutting down", reason="cancelled")
 
     def _has_work(self) -> bool:

@@ -184,6 +184,27 @@ def test_kv_written_while_weights_are_swapped_outside_the_engine_is_not_reused(
     np.testing.assert_allclose(logprobs, expected, atol=2e-4)
 
 
+def test_a_restarted_engine_reuses_no_kv_from_before_its_stop(make_worker, sampler, full_logprobs):
+    """`stop` then `start` (a server restarted on the same worker) begins with an empty KV
+    cache: a prompt sharing a prefix with one served before the stop is encoded whole, and its
+    log-probs are exactly the model's (reusing the forgotten prefix gave errors of ~1 nat)."""
+    worker = make_worker()
+    tok = tool_model().tokenizer
+    first = tok.encode_chat([{"role": "user", "content": "hi"}])
+    second = tok.encode_chat(TOOL_MESSAGES)  # shares the user turn's opening tokens
+    assert first[:3] == second[:3]
+    asyncio.run(collect(worker, GenerationRequest(tuple(first), max_tokens=3, seed=1)))
+    worker.stop()
+    worker.start()
+    cached_before = worker.engine.cached_tokens
+    request = GenerationRequest(tuple(second), max_tokens=8, seed=2, stop_token_ids=())
+    ids, logprobs, *_ = asyncio.run(collect(worker, request))
+    assert worker.engine.cached_tokens == cached_before  # nothing reused across the restart
+    reference = full_logprobs(sampler.params, second + ids)
+    expected = [reference[len(second) + j - 1, t] for j, t in enumerate(ids)]
+    np.testing.assert_allclose(logprobs, expected, atol=2e-4)
+
+
 def test_pause_queues_and_continue_resumes(make_worker):
     worker = make_worker()
 
