@@ -7,6 +7,7 @@ import asyncio
 import collections
 import functools
 import random
+import time
 
 import openai
 import pytest
@@ -21,7 +22,10 @@ SESSIONS = 32
 CALLS_PER_SESSION = 16
 TURNS_PER_CONVERSATION = 6  # then the agent starts a fresh conversation in the same session
 GATEWAY_LIMIT = 12  # completions in flight at the gateway: below 32 agents, so 429s happen
-MAX_ATTEMPTS = 200  # about 3 min of backoff: a cold start compiles for seconds
+# How long one call keeps retrying its 429s: a deadline, not an attempt count, since with full
+# jitter a starved agent's attempts are short and a loaded machine serves slowly (200 attempts
+# ran out on a 2-core machine with other jobs beside the test).
+RETRY_BUDGET_S = 300.0
 BACKOFF_S = 0.05  # first retry delay; doubles per attempt (with jitter), capped at 1 s
 
 
@@ -36,17 +40,20 @@ class Load:
 
 async def call_with_backoff(load: Load, create):
     """`create()` until it is not a 429 (exponential backoff with full jitter), or None after
-    MAX_ATTEMPTS or any other API error (recorded as a failure)."""
-    for attempt in range(MAX_ATTEMPTS):
+    RETRY_BUDGET_S of 429s or any other API error (recorded as a failure)."""
+    deadline = time.monotonic() + RETRY_BUDGET_S
+    attempt = 0
+    while time.monotonic() < deadline:
         try:
             return await create()
         except openai.RateLimitError:
             load.retried_429 += 1
             await asyncio.sleep(random.uniform(0, min(1.0, BACKOFF_S * 2 ** min(attempt, 8))))
+            attempt += 1
         except openai.APIError as error:
             load.failures.append(repr(error))
             return None
-    load.failures.append(f"still 429 after {MAX_ATTEMPTS} attempts")
+    load.failures.append(f"still 429 after {RETRY_BUDGET_S:.0f} s ({attempt} attempts)")
     return None
 
 
