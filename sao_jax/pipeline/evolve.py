@@ -64,10 +64,12 @@ class Evolution:
     def __init__(self, config: EvolveConfig):
         self.config, self.spec = config, config.evolve
         self.began = time.perf_counter()
+        self.seconds = dict.fromkeys(("warm_start", "windows", "watch", "control_plane"), 0.0)
         self.run = Run(config.experiment())
         self.out = self.run.out
         self.log = MetricsWriter(self.out, tensorboard=config.tensorboard)
         warm_start(self.run, self.log)  # from_run: the saved clone; otherwise clone here
+        self.seconds["warm_start"] = time.perf_counter() - self.began
         exp, tokenizer = self.run.config, self.run.tokenizer
         self.book = PolicyBook(
             copied(self.run.policy), tokenizer, max_new_tokens=exp.rollout.max_new_tokens
@@ -165,12 +167,16 @@ class Evolution:
         injected = None
         if index == spec.regression_round:
             injected = self.inject_regression(tenants[0])
+        clock = time.perf_counter()
         windows = {t: self.play(index, t) for t in tenants}
+        self.seconds["windows"] += time.perf_counter() - clock
         specs = [WindowSpec(t, since=w.began) for t, w in windows.items()]
         entries = []
         for tenant in tenants:
+            clock = time.perf_counter()
             watched = self.plane.watch(tenant, min_sessions=spec.watch_min_sessions)
-            result = None
+            self.seconds["watch"] += time.perf_counter() - clock
+            clock, result = time.perf_counter(), None
             if watched.rolled_back_to is None and not measuring_only:
                 extra = self.plant(tenant, specs) if (
                     index == spec.plant_round and tenant == tenants[0]) else []  # fmt: skip
@@ -178,8 +184,8 @@ class Evolution:
                     tenant, specs, analyzer=RuleBasedAlfworldAnalyzer(), train_fn=self.train_fn,
                     scorer=self.scorer, agent=self.book.reply, extra=extra,
                 )  # fmt: skip
-            if result is not None:
                 self.remember(tenant, result)
+            self.seconds["control_plane"] += time.perf_counter() - clock
             entry = round_entry(
                 index, windows[tenant], watched, result, is_planted,
                 injected if tenant == tenants[0] else None,
@@ -228,9 +234,8 @@ class Evolution:
             bar.close()
             self.server.stop()
             self.log.close()
-        summary = summarize(
-            self.config, self.entries, cross, checks, wall=time.perf_counter() - self.began
-        )
+        self.seconds["total"] = time.perf_counter() - self.began
+        summary = summarize(self.config, self.entries, cross, checks, seconds=self.seconds)
         write_report(self.out, summary, self.config.tensorboard)
         return summary
 

@@ -34,7 +34,8 @@ class EvolveSpec:
       replay_episodes: recorded episodes the gate replays per candidate.
       policy_steps: learner iterations of a policy candidate on the window's rows.
       policy_rows: rows of its batch (the window's episodes that fit, one row per call).
-      policy_learning_rate: their learning rate (a window is small: larger than RL's).
+      policy_learning_rate: their learning rate (10x RL's: a window is a few steps; at 3e-4 x 4
+        steps a sign-flipped update moved known-good log-probs by 0.001 nats and won more).
       plant_round: round whose gate also sees the planted harmful candidates (a reply-format
         breaking harness edit, a policy update on sign-flipped rewards); 0: none planted.
       regression_round: round at whose start a harmful composite (the planted corrupted
@@ -52,9 +53,9 @@ class EvolveSpec:
     concurrency: int = 8
     temperature: float = 0.0
     replay_episodes: int = 8
-    policy_steps: int = 4
+    policy_steps: int = 8
     policy_rows: int = 256
-    policy_learning_rate: float = 3e-4
+    policy_learning_rate: float = 1e-3
     plant_round: int = 1
     regression_round: int = 2
     watch_min_sessions: int = 8

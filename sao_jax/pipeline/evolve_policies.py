@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from atdp_io import Trajectory
-from atdp_io.rows import pack_batch, trajectory_rows
+from atdp_io.rows import SAMPLING_KEYS, pack_batch, trajectory_rows
 from sao_jax.models import Transformer
 from sao_jax.rollout import Sampler
 from sao_jax.rollout.sampling import SamplingParams
@@ -127,6 +127,10 @@ class WindowTrainer:
             raise ControlError("no row of the window fits a policy batch")
         batch = pack_batch(groups, self.rows, self.seq_len, self.book.tokenizer.pad_id)
         batch["rewards"] = batch["rewards"] * self.reward_sign
+        # A greedy window's actions have log-prob 0 under the greedy transform the batch
+        # records, so they would train nothing; they train as samples of the plain policy.
+        for key in SAMPLING_KEYS:
+            batch.pop(key, None)
         return batch
 
     def __call__(self, trajectories: Sequence[Trajectory], policy: PolicyRef) -> PolicyRef:

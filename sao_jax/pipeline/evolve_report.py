@@ -142,7 +142,9 @@ def _by_tenant(entries: Sequence[dict], key: str, tenants: Sequence[str]) -> dic
     return {t: [e[key] for e in entries if e["tenant"] == t] for t in tenants}
 
 
-def summarize(config, entries: Sequence[dict], cross: dict, checks: dict, *, wall: float) -> dict:
+def summarize(
+    config, entries: Sequence[dict], cross: dict, checks: dict, *, seconds: dict[str, float]
+) -> dict:
     """summary.json: the rounds, actions, live success, rollbacks, refusals and checks."""
     tenants = config.evolve.tenants
     success = _by_tenant(entries, "live_success", tenants)
@@ -181,7 +183,8 @@ def summarize(config, entries: Sequence[dict], cross: dict, checks: dict, *, wal
         "cross_tenant": cross,
         "attribution": checks,
         "from_run": config.warm_start.from_run,
-        "wall_seconds": round(wall, 1),
+        "wall_seconds": round(seconds["total"], 1),
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
     }
 
 
