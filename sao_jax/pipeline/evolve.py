@@ -174,7 +174,9 @@ class Evolution:
         entries = []
         for tenant in tenants:
             clock = time.perf_counter()
-            watched = self.plane.watch(tenant, min_sessions=spec.watch_min_sessions)
+            watched = self.plane.watch(
+                tenant, min_sessions=spec.watch_min_sessions, confidence=spec.gate_confidence
+            )
             self.seconds["watch"] += time.perf_counter() - clock
             clock, result = time.perf_counter(), None
             if watched.rolled_back_to is None and not measuring_only:
@@ -219,7 +221,9 @@ class Evolution:
                 gateway.composites,
                 AtdpStore.open(str(self.buffer)),
                 canaries=gateway.canaries,
-                gate_config=GateConfig(replay_episodes=spec.replay_episodes),
+                gate_config=GateConfig(
+                    confidence=spec.gate_confidence, replay_episodes=spec.replay_episodes
+                ),
             )
             for index in range(1, spec.rounds + 2):
                 entries = self.round(index)

@@ -32,6 +32,7 @@ class EvolveSpec:
       concurrency: games played at once per tenant (threads of the agent).
       temperature: the agent's decoding temperature live (0: greedy, as replay plays).
       replay_episodes: recorded episodes the gate replays per candidate.
+      gate_confidence: of the gate's and the watch's intervals (`GateConfig.confidence`).
       policy_steps: learner iterations of a policy candidate on the window's rows.
       policy_rows: rows of its batch (the window's episodes that fit, one row per call).
       policy_learning_rate: their learning rate (10x RL's: a window is a few steps; at 3e-4 x 4
@@ -53,6 +54,7 @@ class EvolveSpec:
     concurrency: int = 8
     temperature: float = 0.0
     replay_episodes: int = 8
+    gate_confidence: float = 0.95
     policy_steps: int = 8
     policy_rows: int = 256
     policy_learning_rate: float = 1e-3
@@ -68,6 +70,10 @@ class EvolveSpec:
                      "policy_steps", "policy_rows", "watch_min_sessions"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"evolve.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.5 <= self.gate_confidence < 1:
+            raise ValueError(
+                f"evolve.gate_confidence must be in [0.5, 1), got {self.gate_confidence}"
+            )
         for name in ("plant_round", "regression_round"):
             if not 0 <= getattr(self, name) <= self.rounds:
                 raise ValueError(
