@@ -170,26 +170,31 @@ class Evolution:
         clock = time.perf_counter()
         windows = {t: self.play(index, t) for t in tenants}
         self.seconds["windows"] += time.perf_counter() - clock
-        specs = [WindowSpec(t, since=w.began) for t, w in windows.items()]
+        clock = time.perf_counter()
+        watched = {
+            t: self.plane.watch(
+                t, min_sessions=spec.watch_min_sessions, confidence=spec.gate_confidence
+            )
+            for t in tenants
+        }
+        self.seconds["watch"] += time.perf_counter() - clock
+        # a window served by a version just rolled back is nobody's evidence
+        healthy = [t for t in tenants if watched[t].rolled_back_to is None]
+        specs = [WindowSpec(t, since=windows[t].began) for t in healthy]
         entries = []
         for tenant in tenants:
-            clock = time.perf_counter()
-            watched = self.plane.watch(
-                tenant, min_sessions=spec.watch_min_sessions, confidence=spec.gate_confidence
-            )
-            self.seconds["watch"] += time.perf_counter() - clock
             clock, result = time.perf_counter(), None
-            if watched.rolled_back_to is None and not measuring_only:
-                extra = self.plant(tenant, specs) if (
-                    index == spec.plant_round and tenant == tenants[0]) else []  # fmt: skip
+            if tenant in healthy and not measuring_only:
+                planting = index == spec.plant_round and tenant == tenants[0]
                 result = self.plane.run_round(
                     tenant, specs, analyzer=RuleBasedAlfworldAnalyzer(), train_fn=self.train_fn,
-                    scorer=self.scorer, agent=self.book.reply, extra=extra,
+                    scorer=self.scorer, agent=self.book.reply,
+                    extra=self.plant(tenant, specs) if planting else [],
                 )  # fmt: skip
                 self.remember(tenant, result)
             self.seconds["control_plane"] += time.perf_counter() - clock
             entry = round_entry(
-                index, windows[tenant], watched, result, is_planted,
+                index, windows[tenant], watched[tenant], result, is_planted,
                 injected if tenant == tenants[0] else None,
             )  # fmt: skip
             entries.append(entry)

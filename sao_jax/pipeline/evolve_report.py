@@ -36,6 +36,12 @@ def candidate_entry(result: GateResult, planted: bool) -> dict[str, Any]:
     }
 
 
+def _modes(result: RoundResult, tenant: str) -> list[str]:
+    """The dominant failure modes of the round's analysis (all tenants' windows), without
+    the other tenants' own `tenant:` modes."""
+    return [m.id for m in result.analysis.dominant() if m.kind != "tenant" or m.key == tenant]
+
+
 def round_entry(
     index: int,
     window,
@@ -65,7 +71,7 @@ def round_entry(
         "injected": injected,
         "watch": watched.status,
         "rolled_back_to": watched.rolled_back_to,
-        "failure_modes": [] if result is None else [m.id for m in result.analysis.dominant()],
+        "failure_modes": [] if result is None else _modes(result, window.tenant),
         "recommended": {} if result is None else dict(result.decision.recommended),
         "candidates": candidates,
         "refused": [c["id"] for c in candidates if c["verdict"] == "refuse"],
