@@ -240,7 +240,8 @@ class Agent:
         task = {
             "env": config.env, "split": config.split, "index": game, **env.task_spec(),
             "max_steps": config.max_steps, "layout": "windowed",
-            "history_length": config.history_length, "task_type": info["task_type"],
+            "history_length": config.history_length, "think": config.think,
+            "prompt_style": config.prompt_style, "task_type": info["task_type"],
             "game_id": info["task_id"], "source": "online_agent",
         }  # fmt: skip
         session = self.gateway.start_session(

@@ -1,0 +1,164 @@
+"""The policies of an evolution run: what each `PolicyRef` means, and how new ones are made.
+
+`PolicyBook` maps a composite's `PolicyRef.version` to weights (the empty ref is the served
+clone). It is the control plane's view of the policy surface:
+
+- `serve(worker, ref)` swaps the worker to a tenant's policy before that tenant's window (one
+  worker serves one policy at a time, so the experiment plays the tenants in turn; the worker
+  stamps every token with the integer id of the weights that sampled it);
+- `reply(messages, ref)` is the gate's replay agent: greedy decoding of the composite's
+  messages under that policy, directly on the model (not through the gateway, which would
+  apply the tenant's composite a second time);
+- `model_for(ref)` feeds the gate's re-scoring (`serving.control.rescoring.model_scorer`);
+- `window_trainer(...)` is the `train_fn` of policy candidates: SAO iterations of the online
+  learner on the window's recorded rows (`reward_sign=-1`: the planted update on corrupted,
+  sign-flipped rewards).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from atdp_io import Trajectory
+from atdp_io.rows import SAMPLING_KEYS, pack_batch, trajectory_rows
+from sao_jax.models import Transformer
+from sao_jax.rollout import Sampler
+from sao_jax.rollout.sampling import SamplingParams
+from sao_jax.train import Learner, LearnerConfig
+from serving.control.composite import PolicyRef
+from serving.control.proposers import TrainFn
+from serving.control.store import ControlError
+
+
+def copied(model: Transformer) -> Transformer:
+    """A copy of `model` whose arrays no later update can donate away."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+
+
+class PolicyBook:
+    """PolicyRef version label -> weights, and the integer id the worker stamps them with."""
+
+    def __init__(self, base: Transformer, tokenizer, *, max_new_tokens: int):
+        self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
+        self.models: dict[str, Transformer] = {"": base}
+        self.ids: dict[str, int] = {"": 0}
+        self.sources: dict[str, frozenset[str]] = {"": frozenset()}  # tenants it learned from
+        self.sampler = Sampler(base, pad_id=tokenizer.pad_id)
+        self._sampler_holds = ""
+
+    def add(self, label: str, model: Transformer, sources: Sequence[str] = ()) -> PolicyRef:
+        """Register new weights under `label`, learned from the tenants `sources`; the
+        `PolicyRef` that names them."""
+        if label in self.models:
+            raise ControlError(f"policy {label!r} is already registered")
+        self.models[label] = model
+        self.sources[label] = frozenset(sources)
+        self.ids[label] = len(self.ids)
+        return PolicyRef(label, f"memory:{label}")
+
+    def model_for(self, ref: PolicyRef) -> Transformer:
+        try:
+            return self.models[ref.version]
+        except KeyError:
+            raise ControlError(f"unknown policy {ref.version!r}: not made in this run") from None
+
+    def serve(self, worker, ref: PolicyRef) -> int:
+        """Swap the worker's weights to `ref`'s (nothing when it serves them already); the id
+        its tokens are stamped with."""
+        version = self.ids.get(ref.version)
+        if version is None:
+            raise ControlError(f"unknown policy {ref.version!r}: not made in this run")
+        if worker.sampler.policy_version != version:
+            worker.engine.update_weights(nnx.state(self.model_for(ref)), version).result()
+        return version
+
+    def reply(self, messages: Sequence[Mapping[str, Any]], ref: PolicyRef) -> str:
+        """Greedy reply of `ref`'s policy to `messages` (the replay agent)."""
+        if ref.version != self._sampler_holds:
+            self.sampler.update_weights(nnx.state(self.model_for(ref)), self.ids[ref.version])
+            self._sampler_holds = ref.version
+        prompt = self.tokenizer.encode_chat(messages)
+        sampling = SamplingParams(
+            temperature=0.0,
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=tuple(self.tokenizer.stop_ids),
+        )
+        result = self.sampler.generate([prompt], sampling)
+        ids = result.tokens[0][: int(result.lengths[0])].tolist()
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclasses.dataclass
+class WindowTrainer:
+    """`train_fn` of policy candidates: `steps` learner iterations on the window's rows
+    (`rows` x `seq_len`, longer rows and episodes past the batch left out), starting from the
+    current policy with fresh optimiser and critic; `reward_sign` -1 flips every reward (the
+    planted corruption). Each call registers the result in `book` as `<name>-<n>`."""
+
+    book: PolicyBook
+    learner: LearnerConfig
+    rows: int
+    seq_len: int
+    steps: int
+    name: str = "sao_window"
+    reward_sign: float = 1.0
+    trained: int = 0
+
+    @property
+    def __name__(self) -> str:  # the candidate's provenance names its train_fn
+        return self.name
+
+    def batch(self, trajectories: Sequence[Trajectory]) -> dict:
+        groups, used = [], 0
+        for trajectory in trajectories:
+            rows, _ = trajectory_rows(trajectory, "windowed")
+            rows = [r for r in rows if r.length <= self.seq_len]
+            if rows and used + len(rows) <= self.rows:
+                groups.append(rows)
+                used += len(rows)
+        if not groups:
+            raise ControlError("no row of the window fits a policy batch")
+        batch = pack_batch(groups, self.rows, self.seq_len, self.book.tokenizer.pad_id)
+        batch["rewards"] = batch["rewards"] * self.reward_sign
+        # A greedy window's actions have log-prob 0 under the greedy transform the batch
+        # records, so they would train nothing; they train as samples of the plain policy.
+        for key in SAMPLING_KEYS:
+            batch.pop(key, None)
+        return batch
+
+    def __call__(self, trajectories: Sequence[Trajectory], policy: PolicyRef) -> PolicyRef:
+        batch = self.batch(trajectories)
+        learner = Learner(self.learner, copied(self.book.model_for(policy)))
+        for _ in range(self.steps):
+            learner.iteration(batch)
+        self.trained += 1
+        sources = {t.header.governance.tenant for t in trajectories}
+        label = f"{self.name}-{self.trained}"
+        return self.book.add(label, learner.policy_module(copy=True), sorted(sources))
+
+
+def window_trainer(
+    book: PolicyBook,
+    learner: LearnerConfig,
+    *,
+    rows: int,
+    seq_len: int,
+    steps: int,
+    learning_rate: float,
+    name: str = "sao_window",
+    reward_sign: float = 1.0,
+) -> TrainFn:
+    """A `WindowTrainer` whose learner has no critic warm-up and the given learning rate."""
+    config = dataclasses.replace(
+        learner,
+        policy_optimizer=dataclasses.replace(learner.policy_optimizer, learning_rate=learning_rate),
+        critic=dataclasses.replace(learner.critic, warmup_steps=0),
+    )
+    return WindowTrainer(book, config, rows, seq_len, steps, name, reward_sign)
