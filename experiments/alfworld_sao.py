@@ -134,6 +134,14 @@ def micro() -> ExperimentConfig:
 PRESETS = {"tiny": tiny(), "small": small(), "micro": micro()}
 
 
+def policy_parts(config: ExperimentConfig) -> dict:
+    """The parts of a preset that make its agent (model, rollout, environment, learner, warm
+    start), as keyword arguments: the experiments that deploy this agent (`online_sao`,
+    `evolve_alfworld`) build their configs on them."""
+    names = ("model", "rollout", "env", "learner", "warm_start")
+    return {name: getattr(config, name) for name in names}
+
+
 def parse(argv: list[str] | None = None) -> ExperimentConfig:
     """The run's config from the command line (`sao_jax.pipeline.cli.parse`)."""
     return cli.parse(argv, PRESETS, prog=PROG, runs_dir="runs/alfworld_sao", description=TITLE)

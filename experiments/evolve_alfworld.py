@@ -35,11 +35,7 @@ def tiny() -> EvolveConfig:
     tenant, greedy play."""
     base = alfworld_sao.tiny()
     return EvolveConfig(
-        model=base.model,
-        rollout=base.rollout,
-        env=base.env,
-        learner=base.learner,
-        warm_start=base.warm_start,
+        **alfworld_sao.policy_parts(base),
         serving=ServingSpec(num_slots=16),
         evolve=EvolveSpec(rounds=4, games_per_round=16, concurrency=8, replay_episodes=8),
         eval=base.eval,
@@ -49,12 +45,9 @@ def tiny() -> EvolveConfig:
 def micro() -> EvolveConfig:
     """Smoke test: a barely cloned micro model, short games, two rounds of four games."""
     base = alfworld_sao.micro()
+    warm_start = dataclasses.replace(base.warm_start, demo_episodes=4, steps=2, dagger_rounds=0)
     return EvolveConfig(
-        model=base.model,
-        rollout=base.rollout,
-        env=base.env,
-        learner=base.learner,
-        warm_start=dataclasses.replace(base.warm_start, demo_episodes=4, steps=2, dagger_rounds=0),
+        **alfworld_sao.policy_parts(dataclasses.replace(base, warm_start=warm_start)),
         serving=ServingSpec(num_slots=4, decode_steps=4, max_prefill_batch=2),
         evolve=EvolveSpec(
             rounds=2,

@@ -33,11 +33,7 @@ def tiny() -> OnlineConfig:
     """The 2-core CPU demo: alfworld_sao's tiny policy (clone it, or reuse a run's clone)."""
     base = alfworld_sao.tiny()
     return OnlineConfig(
-        model=base.model,
-        rollout=base.rollout,
-        env=base.env,
-        learner=base.learner,
-        warm_start=base.warm_start,
+        **alfworld_sao.policy_parts(base),
         serving=ServingSpec(num_slots=16),
         agent=AgentSpec(concurrency=12),
         online=OnlineSpec(policy_steps=40, rows=64, seq_len=256, max_staleness=2),
