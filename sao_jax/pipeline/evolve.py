@@ -245,7 +245,7 @@ class Evolution:
             self.log.close()
         self.seconds["total"] = time.perf_counter() - self.began
         summary = summarize(self.config, self.entries, cross, checks, seconds=self.seconds)
-        write_report(self.out, summary, self.config.tensorboard)
+        write_report(self.out, summary)
         return summary
 
 

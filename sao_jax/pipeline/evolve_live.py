@@ -30,22 +30,22 @@ class WindowAgent(Agent):
             self.games_left.put(int(game))
         self.records: list[dict[str, Any]] = []
 
-    def _play_forever(self, thread_index: int) -> None:
-        while not self.stop.is_set():
-            try:
-                game = self.games_left.get_nowait()
-            except queue.Empty:
-                return
-            try:  # the same seed per game: a sampled window is reproducible
-                record = self.play_episode(game, self.config.seed * 1_000_003 + game * 7_919)
-            except Exception as error:  # a failed game is counted and lost, as online
-                if self.stats.error(error) >= self.config.max_consecutive_errors:
-                    self.failed = True
-                    self.stop.set()
-                continue
-            if record is not None:
-                self.stats.episode(record)
-                self.records.append(record)
+    def next_game(self) -> int | None:
+        try:
+            return self.games_left.get_nowait()
+        except queue.Empty:
+            return None
+
+    def episode_seed(self, game: int, thread_index: int, played: int) -> int:
+        """The same seed per game, whichever thread plays it: a sampled window is
+        reproducible."""
+        return self.config.seed * 1_000_003 + game * 7_919
+
+    def play_episode(self, game: int, seed: int) -> dict[str, Any] | None:
+        record = super().play_episode(game, seed)
+        if record is not None:
+            self.records.append(record)
+        return record
 
 
 def tenant_games(num_tenants: int, games: int, split_size: int, seed: int) -> list[list[int]]:

@@ -72,11 +72,9 @@ class PolicyBook:
     def serve(self, worker, ref: PolicyRef) -> int:
         """Swap the worker's weights to `ref`'s (nothing when it serves them already); the id
         its tokens are stamped with."""
-        version = self.ids.get(ref.version)
-        if version is None:
-            raise ControlError(f"unknown policy {ref.version!r}: not made in this run")
+        model, version = self.model_for(ref), self.ids[ref.version]
         if worker.sampler.policy_version != version:
-            worker.engine.update_weights(nnx.state(self.model_for(ref)), version).result()
+            worker.engine.update_weights(nnx.state(model), version).result()
         return version
 
     def reply(self, messages: Sequence[Mapping[str, Any]], ref: PolicyRef) -> str:

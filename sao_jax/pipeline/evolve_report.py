@@ -148,6 +148,14 @@ def _by_tenant(entries: Sequence[dict], key: str, tenants: Sequence[str]) -> dic
     return {t: [e[key] for e in entries if e["tenant"] == t] for t in tenants}
 
 
+def _candidates_where(entries: Sequence[dict], keep: Callable[[dict], bool]) -> list[dict]:
+    """The candidates of every round `keep` accepts, each with its round and tenant."""
+    return [
+        {"round": e["round"], "tenant": e["tenant"], **c}
+        for e in entries for c in e["candidates"] if keep(c)
+    ]  # fmt: skip
+
+
 def summarize(
     config, entries: Sequence[dict], cross: dict, checks: dict, *, seconds: dict[str, float]
 ) -> dict:
@@ -156,14 +164,8 @@ def summarize(
     success = _by_tenant(entries, "live_success", tenants)
     rounds = len(next(iter(success.values())))
     success["mean"] = [sum(success[t][i] for t in tenants) / len(tenants) for i in range(rounds)]
-    refused = [
-        {"round": e["round"], "tenant": e["tenant"], **c}
-        for e in entries for c in e["candidates"] if c["verdict"] == "refuse"
-    ]  # fmt: skip
-    planted = [
-        {"round": e["round"], "tenant": e["tenant"], **c}
-        for e in entries for c in e["candidates"] if c["planted"]
-    ]  # fmt: skip
+    refused = _candidates_where(entries, lambda c: c["verdict"] == "refuse")
+    planted = _candidates_where(entries, lambda c: c["planted"])
     rollbacks = [
         {"round": e["round"], "tenant": e["tenant"], "from_version": e["served_version"],
          "to_version": e["rolled_back_to"], "injected_round": _injected_round(entries, e)}
@@ -234,7 +236,7 @@ def table_rows(summary: dict) -> list[dict[str, Any]]:
     return rows
 
 
-def write_report(out: Path, summary: dict, tensorboard: bool) -> None:
+def write_report(out: Path, summary: dict) -> None:
     """DIR/summary.json, DIR/evolution.png and the round table on the terminal."""
     save_summary(out, summary)
     records = read_metrics(out)

@@ -187,9 +187,14 @@ class Agent:
         self.stats = AgentStats(log_path)
         self.failed = False
 
-    def next_game(self) -> int:
+    def next_game(self) -> int | None:
+        """The game a thread plays next; None: none left, the thread stops."""
         with self._games_lock:
             return self.games.next_index()
+
+    def episode_seed(self, game: int, thread_index: int, played: int) -> int:
+        """The sampling seed of the `played`-th game (`game`) a thread finishes playing."""
+        return self.config.seed * 1_000_003 + thread_index * 7_919 + played * 1_000
 
     def run(self) -> dict[str, Any]:
         """Play until stopped, the episode budget is spent or errors pile up; the stats."""
@@ -211,10 +216,13 @@ class Agent:
         return self.stats.snapshot()
 
     def _play_forever(self, thread_index: int) -> None:
-        call_seed = self.config.seed * 1_000_003 + thread_index * 7_919
+        played = 0
         while not self.stop.is_set():
+            game = self.next_game()
+            if game is None:
+                return
             try:
-                record = self.play_episode(self.next_game(), call_seed)
+                record = self.play_episode(game, self.episode_seed(game, thread_index, played))
             except Exception as error:  # any failure of a game: count it, go on
                 if self.stats.error(error) >= self.config.max_consecutive_errors:
                     self.failed = True
@@ -222,7 +230,7 @@ class Agent:
                 else:
                     self.stop.wait(1.0)
                 continue
-            call_seed += 1_000
+            played += 1
             if record is None:
                 continue
             finished = self.stats.episode(record)
