@@ -121,7 +121,9 @@ class EvolveConfig:
                 f"fresh conversation and replay plays that layout only, got {self.rollout.layout!r}"
             )
         source = self.warm_start.from_run
-        if source and not (Path(source) / WARM_START_DIR).is_dir():
+        # a local run is checked here; a URL (gs://...) when the warm start restores it
+        local = source and "://" not in source
+        if local and not (Path(source) / WARM_START_DIR).is_dir():
             raise ValueError(
                 f"warm_start.from_run={source!r} holds no {WARM_START_DIR}/ directory: give the "
                 "directory of an alfworld_sao run (its cloned policy is saved in DIR/warm_start)"

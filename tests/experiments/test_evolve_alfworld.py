@@ -145,6 +145,14 @@ def test_a_from_run_without_a_clone_is_refused_by_name(tmp_path, capsys):
     assert "warm_start.from_run" in error and "warm_start/" in error
 
 
+def test_a_from_run_url_is_left_to_the_restore(tmp_path):
+    """A remote run (`gs://...`) cannot be listed at parse time: it is not refused as missing."""
+    config = evolve_alfworld.parse(
+        ["--out", str(tmp_path / "run"), "warm_start.from_run=gs://bucket/runs/clone"]
+    )
+    assert config.warm_start.from_run == "gs://bucket/runs/clone"
+
+
 def test_a_single_tenant_is_refused():
     with pytest.raises(ValueError, match="two or more tenants"):
         dataclasses.replace(evolve_alfworld.micro().evolve, tenants=("acme",))
