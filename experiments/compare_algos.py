@@ -65,6 +65,10 @@ class CompareConfig:
       env_steps: RL environment steps per run (the common budget).
       max_policy_steps: a cap on policy steps per run (the budget normally ends a run first).
       run_overrides: key=value overrides applied to every run's config.
+      warm_start_runs: earlier runs to start from, one per seed, `{seed}` standing for the seed
+        (e.g. `runs/dg_s{seed}`): every algorithm of a seed starts from that run's cloned policy
+        and its evaluation, so a comparison reuses warm starts cloned once (empty: the first
+        algorithm's run of each seed clones).
     """
 
     out_dir: str = ""
@@ -75,6 +79,18 @@ class CompareConfig:
     env_steps: int = 3000
     max_policy_steps: int = 10_000
     run_overrides: tuple[str, ...] = ()
+    warm_start_runs: str = ""
+
+    def __post_init__(self):
+        if self.warm_start_runs and len(self.seeds) > 1 and "{seed}" not in self.warm_start_runs:
+            raise ValueError(
+                f"warm_start_runs={self.warm_start_runs!r} names one run for {len(self.seeds)} "
+                "seeds; put {seed} where the seed goes (e.g. runs/base_s{seed})"
+            )
+
+    def warm_start_of(self, seed: int) -> str | None:
+        """The run seed `seed` starts from (None: its first algorithm's run clones)."""
+        return self.warm_start_runs.replace("{seed}", str(seed)) or None
 
 
 def run_config(config: CompareConfig, algorithm: str, seed: int, warm_start_from: str | None):
@@ -157,11 +173,18 @@ def compare(config: CompareConfig) -> dict:
     from sao_jax.train import get_algorithm
 
     labels = {name: get_algorithm(name).label for name in config.algorithms}  # validates names
+    for seed in config.seeds:  # before any run: a missing warm start would fail it hours in
+        start = config.warm_start_of(seed)
+        if start and "://" not in start and not (Path(start) / WARM_START_DIR).is_dir():
+            raise FileNotFoundError(
+                f"warm_start_runs: seed {seed}'s run {start} holds no {WARM_START_DIR}/ (a "
+                "finished python -m experiments.alfworld_sao run directory is expected)"
+            )
     out = Path(config.out_dir)
     results: dict[str, list[dict]] = {name: [] for name in config.algorithms}
     records: dict[str, list[list[dict]]] = {name: [] for name in config.algorithms}
     for seed in config.seeds:
-        warm_start_from = None
+        warm_start_from = config.warm_start_of(seed)
         for algorithm in config.algorithms:
             run_dir = out / f"{algorithm}-seed{seed}"
             if config.resume and (run_dir / "summary.json").is_file():

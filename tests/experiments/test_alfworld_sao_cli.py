@@ -125,8 +125,8 @@ def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path):
     assert (tmp_path / "comparison.png").stat().st_size > 10_000
     assert "GRPO" in (tmp_path / "comparison.txt").read_text()
 
-    # A comparison started from an earlier run's warm start (in run_overrides) gives that one
-    # warm start to every algorithm (its runs save none of their own to pass along).
+    # A comparison started from earlier runs' warm starts (`warm_start_runs`, one per seed)
+    # gives that seed's warm start to every algorithm (its runs save none of their own).
     again = compare_algos.main(
         [
             "--out",
@@ -135,9 +135,29 @@ def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path):
             "algorithms=[grpo,grpo_dis]",
             "seeds=[0]",
             "env_steps=4",
-            "run_overrides=[progress=false,tensorboard=false,eval.num_games=2,"
-            f"warm_start.from_run={tmp_path / 'sao-seed0'}]",
+            "run_overrides=[progress=false,tensorboard=false,eval.num_games=2]",
+            f"warm_start_runs={tmp_path / 'sao-seed{seed}'}",
         ]
     )
     starts = {s["unseen_success_start"] for runs in again["runs"].values() for s in runs}
     assert starts == {sao["unseen_success_start"]}
+    assert not (tmp_path / "again" / "grpo-seed0" / "warm_start").exists()
+
+
+def test_compare_algos_starts_each_seed_from_its_own_warm_start_run(tmp_path):
+    config = compare_algos.CompareConfig(
+        out_dir=str(tmp_path), preset="micro", seeds=(0, 2), warm_start_runs="base/s{seed}"
+    )
+    assert [config.warm_start_of(seed) for seed in (0, 2)] == ["base/s0", "base/s2"]
+    run = compare_algos.run_config(config, "grpo", 2, config.warm_start_of(2))
+    assert run.warm_start.from_run == "base/s2" and run.seed == 2
+    assert compare_algos.CompareConfig(preset="micro").warm_start_of(0) is None
+    # one run for several seeds is refused; so is a missing run, before anything runs
+    with pytest.raises(ValueError, match=r"put \{seed\} where the seed goes"):
+        compare_algos.CompareConfig(seeds=(0, 1), warm_start_runs="base/run")
+    missing = str(tmp_path / "nothing_s{seed}")
+    with pytest.raises(FileNotFoundError, match=r"seed 0.s run .*nothing_s0 holds no warm_start"):
+        compare_algos.main(
+            ["--out", str(tmp_path / "c"), "seeds=[0]", f"warm_start_runs={missing}"]
+        )
+    assert not list((tmp_path / "c").glob("*-seed*"))  # no run started
