@@ -3,9 +3,11 @@
     python -m experiments.compare_algos                               # tiny runs, 2 seeds
     python -m experiments.compare_algos seeds=[0,1,2] env_steps=6000 --out runs/compare
     python -m experiments.compare_algos "run_overrides=[rl.asynchronous=true]"
+    python -m experiments.compare_algos seeds=[0,1,2] warm_start_runs=runs/base_s{seed}
 
 For each seed the first algorithm's run clones the expert and evaluates the cloned policy; every
-other algorithm of that seed starts from that same policy and evaluation (`warm_start.from_run`).
+other algorithm of that seed starts from that same policy and evaluation (`warm_start.from_run`);
+`warm_start_runs` starts every algorithm from an earlier run's warm start instead, one per seed.
 Every run stops after `env_steps` environment steps of RL rollouts. Outputs in DIR: one run
 directory per (algorithm, seed), `comparison.json`, a table on the terminal (mean and spread over
 seeds) and `comparison.png` (rollout success and stability signals, seed-averaged per algorithm).
@@ -138,6 +140,19 @@ def seed_columns(summaries: list[dict]) -> dict[str, float | None]:
     return out
 
 
+def release_compiled_programs() -> None:
+    """Drops the finished run's compiled programs: one process runs every (algorithm, seed),
+    and each run compiles its own, whose machine code XLA's CPU backend keeps mapped until the
+    caches let go (a 15-run comparison failed in its 4th run with "LLVM compilation error:
+    Cannot allocate memory" without this)."""
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def _tail_means(records: list[dict], keys=TAIL_KEYS) -> dict[str, float]:
     rl = [r for r in records if r.get("phase") == 1.0]
     tail = rl[-max(1, len(rl) // 4) :]
@@ -192,6 +207,7 @@ def compare(config: CompareConfig) -> dict:
             else:
                 runner = seed_run if _is_seed(algorithm) else run
                 summary = runner(run_config(config, algorithm, seed, warm_start_from))
+                release_compiled_programs()
             if warm_start_from is None and (run_dir / WARM_START_DIR).is_dir():
                 # a run started from `warm_start.from_run` in run_overrides saves no warm start
                 # of its own; the others then take that same one from run_overrides

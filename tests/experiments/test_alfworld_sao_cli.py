@@ -161,3 +161,13 @@ def test_compare_algos_starts_each_seed_from_its_own_warm_start_run(tmp_path):
             ["--out", str(tmp_path / "c"), "seeds=[0]", f"warm_start_runs={missing}"]
         )
     assert not list((tmp_path / "c").glob("*-seed*"))  # no run started
+
+
+def test_compare_algos_releases_each_runs_compiled_programs():
+    import jax
+
+    probe = jax.jit(lambda x: x + 1)
+    probe(1.0)
+    assert probe._cache_size() == 1
+    compare_algos.release_compiled_programs()  # what compare() does after every run
+    assert probe._cache_size() == 0
