@@ -26,16 +26,18 @@ from sao_jax.distributed.host_sync import allgather_numbers
 from sao_jax.losses.seed import SKILL_KINDS
 from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
 from sao_jax.pipeline.config import ExperimentConfig
+from sao_jax.pipeline.evaluation import evaluate_policy
 from sao_jax.pipeline.job import Job
 from sao_jax.pipeline.relabel import relabel_all
 from sao_jax.pipeline.setup import Run
-from sao_jax.pipeline.summary import CURVE_KEYS
+from sao_jax.pipeline.summary import CURVE_KEYS, success_key
 from sao_jax.seed import SeedLearner, label_and_store, make_analyzer, write_skills
 from sao_jax.seed.analyzers import RuleBasedAnalyzer
 from sao_jax.seed.config import SeedConfig
 from sao_jax.train import BehaviourCloner, Learner, get_algorithm
 
 SFT_PLAY, SEED_SFT, SKILLS = "seed_play", "seed_sft", "skills"
+AFTER_SFT = "after_sft"  # the evaluation tag (and summary suffix) of the policy after stage 1
 ANALYZER_SAMPLER = -2  # Run.sampler index of the self-policy analyzer (-1: periodic eval)
 
 
@@ -241,10 +243,18 @@ class SeedJob(Job):
     def after_warm_start(self) -> None:
         # stage-1 counts ride in the evals of every checkpoint, so a resumed run reports them
         self.state.evals["seed_sft"] = hindsight_sft(self.state, self.log)
+        spec = self.state.config.hindsight
+        if spec.sft_steps and spec.eval_after_sft:
+            evaluate_policy(self.state, self.log, self.state.policy, 0, AFTER_SFT)
 
     def summarize(self) -> dict:
         sft = dict(self.state.evals.get("seed_sft") or {})
-        return dict(super().summarize(), **seed_summary(read_metrics(self.state.out), sft))
+        after = {
+            success_key(split, AFTER_SFT): result["success"]
+            for split, result in self.state.evals.get(AFTER_SFT, {}).items()
+        }
+        summary = seed_summary(read_metrics(self.state.out), sft)
+        return dict(super().summarize(), **after, **summary)
 
 
 def run(config: SeedExperimentConfig) -> dict:

@@ -25,7 +25,7 @@ CURVE_KEYS = (
 
 
 def success_key(split: str, tag: str) -> str:
-    """The summary key of success on `split` at `tag` ("start" or "end")."""
+    """The summary key of success on `split` at `tag` ("start", "end"; SEED: "after_sft")."""
     return f"{split.removeprefix('valid_')}_success_{tag}"
 
 

@@ -45,6 +45,9 @@ class SeedConfig:
       openai_url: base URL of the OpenAI-compatible endpoint (analyzer "openai").
       openai_model: its model name.
       store_skills: write stage-2 skills to the `skills` tenant (the skill bank).
+      eval_after_sft: evaluate the policy greedily right after stage 1, as the start and end
+        evaluations do (summary `unseen_success_after_sft`, ...): what stage 1 alone did to
+        acting, before any RL step.
     """
 
     sft_analyzer: str = "rule"
@@ -60,6 +63,7 @@ class SeedConfig:
     openai_url: str = ""
     openai_model: str = ""
     store_skills: bool = True
+    eval_after_sft: bool = True
 
     def __post_init__(self):
         for name in ("sft_analyzer", "opd_analyzer"):

@@ -37,6 +37,9 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
     for key in ("unseen_success_start", "unseen_success_end", "seen_success_end", "wall_seconds"):
         assert saved[key] is not None, key
     assert saved["seed_sft_skills"] == 2 and saved["seed_sft_acting_episodes"] >= 1
+    # stage 1 alone is evaluated like the start and the end, before any RL step
+    for split in ("unseen", "seen"):
+        assert 0 <= saved[f"{split}_success_after_sft"] <= 1, split
     assert (
         saved["seed_analysis_seconds_per_iter"] > 0 and saved["seed_rescore_seconds_per_iter"] > 0
     )
