@@ -184,13 +184,13 @@ def compare(config: CompareConfig) -> dict:
     from sao_jax.metrics import plot_learning_curves, read_metrics, summary_table
     from sao_jax.pipeline.job import run
     from sao_jax.pipeline.seed import run as seed_run
-    from sao_jax.pipeline.setup import WARM_START_DIR
+    from sao_jax.pipeline.setup import WARM_START_DIR, lacks_warm_start
     from sao_jax.train import get_algorithm
 
     labels = {name: get_algorithm(name).label for name in config.algorithms}  # validates names
     for seed in config.seeds:  # before any run: a missing warm start would fail it hours in
         start = config.warm_start_of(seed)
-        if start and "://" not in start and not (Path(start) / WARM_START_DIR).is_dir():
+        if start and lacks_warm_start(start):
             raise FileNotFoundError(
                 f"warm_start_runs: seed {seed}'s run {start} holds no {WARM_START_DIR}/ (a "
                 "finished python -m experiments.alfworld_sao run directory is expected)"

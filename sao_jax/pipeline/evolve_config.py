@@ -8,11 +8,10 @@ the one-process server, an agent per tenant playing through the gateway, and the
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from sao_jax.pipeline.config import EvalSpec, ExperimentConfig, ModelSpec, RLSpec, WarmStartSpec
 from sao_jax.pipeline.online_config import ServingSpec
-from sao_jax.pipeline.setup import WARM_START_DIR
+from sao_jax.pipeline.setup import WARM_START_DIR, lacks_warm_start
 from sao_jax.rollout import EnvConfig, RolloutConfig
 from sao_jax.train import LearnerConfig
 
@@ -121,9 +120,7 @@ class EvolveConfig:
                 f"fresh conversation and replay plays that layout only, got {self.rollout.layout!r}"
             )
         source = self.warm_start.from_run
-        # a local run is checked here; a URL (gs://...) when the warm start restores it
-        local = source and "://" not in source
-        if local and not (Path(source) / WARM_START_DIR).is_dir():
+        if source and lacks_warm_start(source):
             raise ValueError(
                 f"warm_start.from_run={source!r} holds no {WARM_START_DIR}/ directory: give the "
                 "directory of an alfworld_sao run (its cloned policy is saved in DIR/warm_start)"

@@ -43,6 +43,14 @@ from sao_jax.train import get_algorithm
 WARMUP, ROLLOUTS = "warmup", "rollouts"
 WARM_START_DIR = "warm_start"
 
+
+def lacks_warm_start(run_dir: str) -> bool:
+    """True when `run_dir` is a local directory without a saved warm start (DIR/warm_start): a
+    command taking an earlier run refuses it up front. A URL (gs://...) is not listed here; its
+    restore says when it is missing."""
+    return "://" not in run_dir and not (Path(run_dir) / WARM_START_DIR).is_dir()
+
+
 # Samplers keep their compiled kernels; runs in one process (comparisons, resumes, tests) with
 # the same model shape reuse them instead of compiling again.
 _SAMPLERS: dict[tuple, Sampler] = {}
