@@ -118,4 +118,5 @@ def _compiled_flops(name, e, k, n=256):
 def test_sorted_capacity_cost_grows_with_top_k_not_experts():
     base = _compiled_flops("sorted_capacity", e=8, k=2)
     assert _compiled_flops("sorted_capacity", e=64, k=2) / base < 1.1
-    assert 1.8 < _compiled_flops("sorted_capacity", e=8, k=4) / base < 2.2
+    twice_k = _compiled_flops("sorted_capacity", e=8, k=4) / base
+    assert twice_k > 1.8 and twice_k < 2.2
