@@ -144,7 +144,8 @@ def release_compiled_programs() -> None:
     """Drops the finished run's compiled programs: one process runs every (algorithm, seed),
     and each run compiles its own, whose machine code XLA's CPU backend keeps mapped until the
     caches let go (a 15-run comparison failed in its 4th run with "LLVM compilation error:
-    Cannot allocate memory" without this)."""
+    Cannot allocate memory" without this). The samplers `sao_jax.pipeline.setup` keeps across
+    runs stay, and compile their kernels again in the next run."""
     import gc
 
     import jax

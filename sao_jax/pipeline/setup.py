@@ -51,8 +51,9 @@ def lacks_warm_start(run_dir: str) -> bool:
     return "://" not in run_dir and not (Path(run_dir) / WARM_START_DIR).is_dir()
 
 
-# Samplers keep their compiled kernels; runs in one process (comparisons, resumes, tests) with
-# the same model shape reuse them instead of compiling again.
+# Samplers keep their compiled kernels; runs in one process (resumes, tests) with the same model
+# shape reuse them instead of compiling again. `compare_algos` clears JAX's caches after every
+# run (`release_compiled_programs`), so there the kept samplers compile again once per run.
 _SAMPLERS: dict[tuple, Sampler] = {}
 
 
