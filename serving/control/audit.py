@@ -10,12 +10,12 @@ Every line has `time`, `event` (one of `EVENTS`) and `tenant`, then the event's 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from serving.common.jsonl import append_entry, drop_torn_tail
 from serving.control.store import ControlError
 
 DECISIONS_FILE = "decisions.jsonl"
@@ -38,6 +38,7 @@ class DecisionLog:
     def __init__(self, root: str | Path):
         self.path = Path(root) / DECISIONS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        drop_torn_tail(self.path)  # else the next entry would be glued onto it
         self._lock = threading.Lock()
 
     def record(self, event: str, tenant: str, **entry: Any) -> dict[str, Any]:
@@ -45,11 +46,8 @@ class DecisionLog:
         if event not in EVENTS:
             raise ControlError(f"unknown decision-log event {event!r}; one of {list(EVENTS)}")
         line = {"time": time.time(), "event": event, "tenant": tenant, **entry}
-        text = json.dumps(line, default=str, ensure_ascii=False, sort_keys=True)
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            append_entry(f, line, default=str, ensure_ascii=False, sort_keys=True)
         return line
 
     def entries(self, tenant: str | None = None, event: str | None = None) -> list[dict[str, Any]]:

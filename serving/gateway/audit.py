@@ -10,12 +10,12 @@ never reach a partition.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from serving.common.jsonl import append_entry, open_for_append, read_entries
 
 AUDIT_FILE = "audit.jsonl"
 
@@ -25,26 +25,18 @@ class GatewayAudit:
 
     def __init__(self, state_dir: str | Path):
         self.path = Path(state_dir) / AUDIT_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self._file = open_for_append(self.path)
 
     def record(self, **entry: Any) -> None:
-        line = json.dumps({"time": time.time(), **entry}, default=str, ensure_ascii=False)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            append_entry(
+                self._file, {"time": time.time(), **entry}, default=str, ensure_ascii=False
+            )
 
     def entries(self) -> list[dict[str, Any]]:
         """Every entry so far, oldest first (a torn last line is skipped)."""
-        out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        return read_entries(self.path)
 
     def close(self) -> None:
         self._file.close()

@@ -3,15 +3,14 @@
 Session keys are `secrets.token_urlsafe(32)` (256 bits); only their sha256 digests are kept.
 The table is an append-only JSON-lines file (fsynced per change) replayed at startup, so
 agents keep using their session keys across a gateway restart. A torn last line (a crash
-mid-write) is skipped: the session it described was never acknowledged.
+mid-write) is skipped and cut off before the next append: the session it described was never
+acknowledged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 from serving.common.http import key_digest
 from serving.common.ids import opaque_id
+from serving.common.jsonl import append_entry, open_for_append, read_entries
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +48,10 @@ class SessionTable:
         self._by_digest: dict[str, str] = {}
         self._lock = threading.Lock()
         self._load()
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self._file = open_for_append(self.path)
 
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        for number, line in enumerate(lines, 1):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning("%s:%d is torn (crash mid-write); skipped", self.path, number)
-                continue
+        for entry in read_entries(self.path):
             if entry.get("op") == "start":
                 record = SessionRecord(**entry["session"])
                 self._by_id[record.session_id] = record
@@ -69,9 +61,7 @@ class SessionTable:
 
     def _append(self, entry: dict[str, Any]) -> None:
         with self._lock:
-            self._file.write(json.dumps(entry) + "\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            append_entry(self._file, entry)
 
     def create(self, tenant: str, proxy: str, task: dict[str, Any]) -> tuple[SessionRecord, str]:
         """A new session and its key (the only time the key itself is seen)."""

@@ -114,6 +114,7 @@ def test_kill_9_under_load_loses_no_acknowledged_event(tmp_path):
     finally:
         stop.set()
         stop_process(server)
+        print(log.read_text(errors="replace")[-8000:])  # pytest shows it if the test fails
     trajectory = read_trajectories(buffer, "crash")[session["session_id"]]
     ids = [e.metadata.interaction_id for e in trajectory.events if e.kind == EventKind.LLM_CALL]
     assert ids[-1] == after.id and before in ids and trajectory.closed
