@@ -11,6 +11,10 @@ answers. What agents send is accepted (the compatibility table in docs/serving.m
   listed in `ignored`, which the data proxy records with the call, so the training data says
   which requested settings did not shape the sampled tokens.
 Tools, `tool_choice`, `response_format` and tool-call ids are checked in `tool_specs.py`.
+
+One vendor extension shapes the answer: vLLM's choice constraint, `"structured_outputs":
+{"choice": [...]}` (or its older spelling `"guided_choice": [...]`): the reply is exactly one of
+the listed strings (`ChatRequest.choice`; enforced by the worker's grammar mask, and recorded).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 8  # `n`: each choice is a sample holding a worker slot
 MAX_TOKENS_LIMIT = 2**31 - 1  # past it a value is a mistake, not a request to clamp
+MAX_REPLY_CHOICES = 4096  # `structured_outputs.choice`: options of one constrained reply
+MAX_REPLY_CHOICE_CHARS = 8192
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # `reasoning_effort` as a thinking budget: tokens between <think> and </think> (None: no limit;
 # 0: no thinking at all).
@@ -66,6 +72,8 @@ _CHAT_FIELDS = {
     "n",
     "response_format",
     "reasoning_effort",
+    "structured_outputs",
+    "guided_choice",
 }
 _COMPLETION_FIELDS = {
     "model",
@@ -107,8 +115,9 @@ class ChatRequest:
 
     tool_choice: "auto" | "none" | "required" | {"name": function};
     response_format: None (text) or `tool_specs.parse_response_format`'s dict; n: choices;
-    reasoning_effort: as sent (None: not given); ignored: names of fields that were accepted
-    but do not shape the answer; endpoint: the API it came through ("chat", "responses").
+    reasoning_effort: as sent (None: not given); choice: the strings the reply must be one of
+    (None: unconstrained); ignored: names of fields that were accepted but do not shape the
+    answer; endpoint: the API it came through ("chat", "responses").
     """
 
     model: str
@@ -121,6 +130,7 @@ class ChatRequest:
     n: int = 1
     response_format: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    choice: tuple[str, ...] | None = None
     ignored: tuple[str, ...] = ()
     endpoint: str = "chat"
 
@@ -132,6 +142,8 @@ class ChatRequest:
         data = dict(data)
         data["decoding"] = _decoding_from_json(data["decoding"])
         data["ignored"] = tuple(data.get("ignored", ()))
+        if data.get("choice") is not None:
+            data["choice"] = tuple(data["choice"])
         return cls(**data)
 
 
@@ -419,6 +431,18 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
     tools = parse_tools(body.get("tools"))
     tool_choice = parse_tool_choice(body.get("tool_choice"), tools)
     response_format = parse_response_format(body.get("response_format"))
+    choice = parse_reply_choice(body)
+    if choice is not None and response_format is not None:
+        raise bad_request(
+            "send one output constraint: 'response_format' or a choice list, not both",
+            param="response_format",
+        )
+    if choice is not None and tools and tool_choice != "auto" and tool_choice != "none":
+        raise bad_request(
+            "a choice list constrains the reply text; it cannot be combined with a forced "
+            "tool call ('tool_choice' 'required' or a named function)",
+            param="tool_choice",
+        )
     logprobs = _boolean(body, "logprobs")
     top_logprobs = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if top_logprobs and not logprobs:
@@ -438,8 +462,54 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         n=_choices(body),
         response_format=response_format,
         reasoning_effort=_reasoning_effort(body),
+        choice=choice,
         ignored=ignored,
     )
+
+
+def parse_reply_choice(body: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The options of vLLM's choice constraint (`structured_outputs.choice`, or the older
+    top-level `guided_choice`), None when the request sends neither."""
+    structured, legacy = body.get("structured_outputs"), body.get("guided_choice")
+    if structured is not None and legacy is not None:
+        raise bad_request(
+            "send 'structured_outputs.choice' or 'guided_choice', not both", param="guided_choice"
+        )
+    if structured is not None:
+        if not isinstance(structured, Mapping):
+            raise bad_request(
+                '\'structured_outputs\' must be an object, e.g. {"choice": ["yes", "no"]}',
+                param="structured_outputs",
+            )
+        other = sorted(set(structured) - {"choice"})
+        if other:
+            raise bad_request(
+                f"'structured_outputs' supports only 'choice' here, not {other}; for JSON use "
+                "'response_format'",
+                param="structured_outputs",
+            )
+        return _choice_list(structured.get("choice"), "structured_outputs.choice")
+    if legacy is not None:
+        return _choice_list(legacy, "guided_choice")
+    return None
+
+
+def _choice_list(value: Any, param: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise bad_request(f"'{param}' must be a non-empty list of strings", param=param)
+    if len(value) > MAX_REPLY_CHOICES:
+        raise bad_request(
+            f"'{param}' has {len(value)} options; at most {MAX_REPLY_CHOICES}", param=param
+        )
+    for index, option in enumerate(value):
+        if not isinstance(option, str) or not option:
+            raise bad_request(f"'{param}[{index}]' must be a non-empty string", param=param)
+        if len(option) > MAX_REPLY_CHOICE_CHARS:
+            raise bad_request(
+                f"'{param}[{index}]' is {len(option)} characters; at most {MAX_REPLY_CHOICE_CHARS}",
+                param=param,
+            )
+    return tuple(dict.fromkeys(value))  # duplicates name one option
 
 
 def _prompt(body: Mapping) -> str | list[int]:

@@ -7,6 +7,8 @@ mask (`serving/worker/constraints.py`).
   named one) with arguments valid for its `parameters` schema;
 - response_format json_object / json_schema: one JSON object (matching the schema); with tools
   and tool_choice "auto" the reply may instead be a tool call;
+- a choice list (`structured_outputs.choice`): exactly one of the strings, byte for byte (with
+  tools and tool_choice "auto", or a tool call);
 - otherwise None (free text).
 A constrained reply ends when its grammar does: only the stop tokens are allowed then.
 """
@@ -75,12 +77,15 @@ def output_grammar(
         )
         return "start: call_block\n" + tool_call_rules(chosen, tokenizer)
     response_format = request.response_format
-    if response_format is None:
+    if request.choice is not None:
+        answer = "answer: " + " | ".join(json.dumps(option) for option in request.choice) + "\n"
+    elif response_format is None:
         return None
-    schema = response_format.get("schema") or {"type": "object"}
-    if response_format["type"] == "json_object":
-        schema = {"type": "object"}
-    answer = f"answer: {_json(schema)}\n"
+    else:
+        schema = response_format.get("schema") or {"type": "object"}
+        if response_format["type"] == "json_object":
+            schema = {"type": "object"}
+        answer = f"answer: {_json(schema)}\n"
     if tools and choice == "auto":
         return "start: answer | call_block\n" + answer + tool_call_rules(tools, tokenizer)
     return "start: answer\n" + answer

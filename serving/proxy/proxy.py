@@ -502,6 +502,8 @@ class DataProxy:
         grammar = await self.cpu(output_grammar, request, tools, self.tokenizer)
         if grammar is not None:  # recorded: the mask is part of the sampling distribution
             extra.update(response_format=request.response_format, grammar=grammar)
+            if request.choice is not None:
+                extra["choice"] = list(request.choice)
         records, plans = [], []
         for index in range(request.n):
             generation, decoding = self._plan(

@@ -161,6 +161,8 @@ def upstream_body(request: ChatRequest, model: str, token_ids: bool) -> dict[str
         body["tool_choice"] = _wire_tool_choice(request.tool_choice)
     if request.response_format is not None:
         body["response_format"] = _wire_response_format(request.response_format)
+    if request.choice is not None:  # vLLM's spelling; an upstream without it refuses or ignores
+        body["structured_outputs"] = {"choice": list(request.choice)}
     if request.reasoning_effort is not None:
         body["reasoning_effort"] = request.reasoning_effort
     if request.stream:
@@ -474,6 +476,7 @@ class UpstreamProxy(DataProxy):
                 "upstream": self.upstream.name,
                 "tool_choice": request.tool_choice,
                 "response_format": request.response_format,
+                "choice": None if request.choice is None else list(request.choice),
                 "reasoning_effort": request.reasoning_effort,
                 "ignored_fields": list(request.ignored),
             },

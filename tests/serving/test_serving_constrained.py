@@ -182,3 +182,67 @@ def test_a_bad_schema_is_a_400(server):
             },
         )
     assert "required must be a list" in info.value.body["message"]
+
+
+CHOICES = ["look", "open fridge 1", "go to desk 1", "go to desk 12"]  # one a prefix of another
+
+
+def test_a_choice_list_makes_the_reply_one_of_its_options(server):
+    thread, _, buffer = server
+    session_id, client = session_client(thread.url)
+    replies = []
+    for seed in range(4):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=12,
+            seed=seed,
+            extra_body={"structured_outputs": {"choice": CHOICES}},
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        replies.append(reply.choices[0].message.content)
+    assert set(replies) <= set(CHOICES), replies
+    legacy = client.chat.completions.create(  # vLLM's older spelling, same constraint
+        model=MODEL, messages=MESSAGES, max_tokens=12, seed=0, extra_body={"guided_choice": CHOICES}
+    )
+    assert legacy.choices[0].message.content == replies[0]
+    chunks = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=12,
+        seed=1,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": CHOICES}},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == replies[1]
+    events = llm_events(buffer, session_id)
+    assert len(events) == 6
+    for event in events:  # the mask is recorded with the call: training rebuilds it
+        extra = event.llm.decoding.extra
+        assert extra["choice"] == CHOICES
+        assert all(json.dumps(option) in extra["grammar"] for option in CHOICES)
+        assert "choice" not in extra.get("ignored_fields", [])
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"structured_outputs": {"choice": []}}, "non-empty list of strings"),
+        ({"structured_outputs": {"choice": ["a", 3]}}, "choice[1]' must be a non-empty string"),
+        ({"structured_outputs": {"json": {"type": "object"}}}, "supports only 'choice'"),
+        ({"structured_outputs": "yes"}, "must be an object"),
+        ({"guided_choice": ["a"], "structured_outputs": {"choice": ["a"]}}, "not both"),
+        (
+            {"guided_choice": ["a"], "response_format": {"type": "json_object"}},
+            "one output constraint",
+        ),
+    ],
+)
+def test_a_bad_choice_constraint_is_a_400_naming_it(server, body, message):
+    thread, _, _ = server
+    _, client = session_client(thread.url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=4, extra_body=body
+        )
+    assert message in info.value.body["message"]

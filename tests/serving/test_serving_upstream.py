@@ -214,6 +214,11 @@ def test_upstream_body_speaks_openai():
     )
     spec = upstream_body(request, "m", token_ids=True)["response_format"]["json_schema"]
     assert spec == {"name": "a", "schema": ANSWER, "strict": False}
+    request = parse_chat_request(  # the legacy spelling goes upstream as vLLM's current one
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "guided_choice": ["a", "b"]}
+    )
+    body = upstream_body(request, "m", token_ids=False)
+    assert body["structured_outputs"] == {"choice": ["a", "b"]} and "guided_choice" not in body
 
 
 # A chat completion as vLLM answers it with `return_token_ids` and `logprobs` (the shape of
