@@ -79,6 +79,10 @@ class ProgressBar:
     def n(self) -> int:
         return self._bar.n
 
+    @property
+    def total(self) -> int | None:
+        return self._bar.total
+
     def close(self) -> None:
         self._bar.close()
 

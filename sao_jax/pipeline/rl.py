@@ -85,11 +85,14 @@ def reinforcement_learning(
     if data_state:
         trainer.set_data_state(data_state)
     evaluator = PeriodicEval(run, log, publisher)
+    # an env-step budget ends the phase first (compare_algos' equal budgets): count those
+    by_env_steps = bool(rl.env_steps)
     bar = ProgressBar(
-        rl.policy_steps,
+        rl.env_steps if by_env_steps else rl.policy_steps,
         desc=f"RL ({learner.algorithm.label})",
         keys=("batch/success_rate", "policy/clip_frac", "critic/explained_variance"),
-        initial=learner.policy_version,
+        initial=steps_before if by_env_steps else learner.policy_version,
+        unit="env step" if by_env_steps else "step",
         disable=None if config.progress else True,  # None: process 0 only
     )
     last_checkpoint = learner.policy_version
@@ -118,7 +121,8 @@ def reinforcement_learning(
         )
         metrics.update({k: v for k, v in stats.items() if k.startswith("loader/")})
         log.write(run.step, metrics)
-        bar.update(learner.policy_version - bar.n, metrics=metrics)
+        done = run.rollout_stats["env_steps"] if by_env_steps else learner.policy_version
+        bar.update(min(done, bar.total) - bar.n, metrics=metrics)
         evaluator.maybe(learner)
         if learner.policy_version - last_checkpoint >= config.checkpoint_every:
             run.seconds["rl"] = rl_before + time.perf_counter() - start

@@ -103,7 +103,7 @@ def test_bad_overrides_exit_with_a_message_naming_the_key(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path):
+def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path, capsys):
     result = compare_algos.main(
         [
             "--out",
@@ -135,10 +135,13 @@ def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path):
             "algorithms=[grpo,grpo_dis]",
             "seeds=[0]",
             "env_steps=4",
-            "run_overrides=[progress=false,tensorboard=false,eval.num_games=2]",
+            "run_overrides=[tensorboard=false,eval.num_games=2]",
             f"warm_start_runs={tmp_path / 'sao-seed{seed}'}",
         ]
     )
+    # the RL bar counts toward the budget that ends the phase: environment steps
+    err = capsys.readouterr().err
+    assert "RL (GRPO)" in err and "env step" in err and "/4 [" in err
     starts = {s["unseen_success_start"] for runs in again["runs"].values() for s in runs}
     assert starts == {sao["unseen_success_start"]}
     assert not (tmp_path / "again" / "grpo-seed0" / "warm_start").exists()
