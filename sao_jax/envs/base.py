@@ -185,6 +185,13 @@ class PromptHarness(abc.ABC):
         """The reply the policy should produce to take `action` (expert demos)."""
         return tagged_reply(action, think=think)
 
+    def reply_choices(self, *, style: str, think: bool) -> dict[str, str] | None:
+        """How a reply can be kept to the actions a prompt of this `style` lists: the JSON of
+        a deployment harness's `serving.control.composite.ReplyChoices` ({"pattern": one group
+        capturing the list, "separator", "template": the reply around `{choice}`}); None when
+        the prompts list no actions or the reply has free text (`think`)."""
+        return None
+
     def read_prompt(self, text: str) -> tuple[str, list[str]]:
         """(task, observations) found in a decoded prompt or context (chat markers removed);
         ("", []) when unknown."""

@@ -6,9 +6,10 @@ clone). It is the control plane's view of the policy surface:
 - `serve(worker, ref)` swaps the worker to a tenant's policy before that tenant's window (one
   worker serves one policy at a time, so the experiment plays the tenants in turn; the worker
   stamps every token with the integer id of the weights that sampled it);
-- `reply(messages, ref)` is the gate's replay agent: greedy decoding of the composite's
-  messages under that policy, directly on the model (not through the gateway, which would
-  apply the tenant's composite a second time);
+- `reply(messages, ref, choices)` is the gate's replay agent: greedy decoding of the
+  composite's messages under that policy, directly on the model (not through the gateway, which
+  would apply the tenant's composite a second time); with the harness's reply choices, under the
+  same grammar mask the worker would apply to that choice list;
 - `model_for(ref)` feeds the gate's re-scoring (`serving.control.rescoring.model_scorer`);
 - `window_trainer(...)` is the `train_fn` of policy candidates: SAO iterations of the online
   learner on the window's recorded rows (`reward_sign=-1`: the planted update on corrupted,
@@ -29,11 +30,14 @@ from atdp_io import Trajectory
 from atdp_io.rows import SAMPLING_KEYS, pack_batch, trajectory_rows
 from sao_jax.models import Transformer
 from sao_jax.rollout import Sampler
+from sao_jax.rollout.sampler import bucket
 from sao_jax.rollout.sampling import SamplingParams
 from sao_jax.train import Learner, LearnerConfig
 from serving.control.composite import PolicyRef
 from serving.control.proposers import TrainFn
 from serving.control.store import ControlError
+from serving.proxy.grammars import choice_grammar
+from serving.worker.constraints import GrammarCompiler
 
 
 def copied(model: Transformer) -> Transformer:
@@ -52,6 +56,7 @@ class PolicyBook:
         self.sources: dict[str, frozenset[str]] = {"": frozenset()}  # tenants it learned from
         self.sampler = Sampler(base, pad_id=tokenizer.pad_id)
         self._sampler_holds = ""
+        self._grammars: GrammarCompiler | None = None  # compiled on the first choice list
 
     def add(self, label: str, model: Transformer, sources: Sequence[str] = ()) -> PolicyRef:
         """Register new weights under `label`, learned from the tenants `sources`; the
@@ -77,8 +82,14 @@ class PolicyBook:
             worker.engine.update_weights(nnx.state(model), version).result()
         return version
 
-    def reply(self, messages: Sequence[Mapping[str, Any]], ref: PolicyRef) -> str:
-        """Greedy reply of `ref`'s policy to `messages` (the replay agent)."""
+    def reply(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        ref: PolicyRef,
+        choices: Sequence[str] | None = None,
+    ) -> str:
+        """Greedy reply of `ref`'s policy to `messages` (the replay agent), kept to `choices`
+        (the grammar the data proxy writes for a choice list) when given."""
         if ref.version != self._sampler_holds:
             self.sampler.update_weights(nnx.state(self.model_for(ref)), self.ids[ref.version])
             self._sampler_holds = ref.version
@@ -88,9 +99,43 @@ class PolicyBook:
             max_new_tokens=self.max_new_tokens,
             stop_token_ids=tuple(self.tokenizer.stop_ids),
         )
-        result = self.sampler.generate([prompt], sampling)
-        ids = result.tokens[0][: int(result.lengths[0])].tolist()
+        if choices:
+            ids = self._masked_greedy(prompt, sampling, choice_grammar(choices))
+        else:
+            result = self.sampler.generate([prompt], sampling)
+            ids = result.tokens[0][: int(result.lengths[0])].tolist()
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _masked_greedy(
+        self, prompt: list[int], sampling: SamplingParams, grammar: str
+    ) -> list[int]:
+        """Greedy tokens under `grammar`'s mask, one token per dispatch as the worker decodes a
+        constrained slot (the mask after each token from the same llguidance matcher)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self.tokenizer.backend.to_str(),
+                self.sampler.config.vocab_size,
+                tuple(self.tokenizer.stop_ids),
+            )
+        constraint = self._grammars.compile(grammar)
+        length = bucket(len(prompt), self.sampler.min_prompt_bucket) + bucket(
+            sampling.max_new_tokens, self.sampler.min_new_tokens_bucket
+        )
+        state = self.sampler.init_state(1, length)
+        state, first, _, finished = self.sampler.prefill(
+            state, [prompt], [0], [sampling], token_mask=constraint.bitmask()[None]
+        )
+        tokens, done = [int(first[0])], bool(finished[0])
+        while not done and len(tokens) < sampling.max_new_tokens:
+            constraint.consume(tokens[-1])
+            state, step, _, emitted = self.sampler.decode(
+                state, 1, token_mask=constraint.bitmask()[None]
+            )
+            if not emitted[0, 0]:
+                break
+            tokens.append(int(step[0, 0]))
+            done = tokens[-1] in sampling.stop_token_ids
+        return tokens
 
 
 @dataclasses.dataclass

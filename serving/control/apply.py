@@ -18,6 +18,11 @@ whole conversation, go into one system message just before message i:
     Relevant notes from memory:
     - <note text>
 
+Reply choices. With `harness.reply_choices`, the options the client's last user message lists
+(by its pattern) become the replies allowed (`Applied.reply_choices`, the template around each
+option); the gateway sends them as the request's choice list unless the client constrained
+the output itself. A last user message that lists nothing leaves the reply free.
+
 Tools. For each tool the client exposes: a `Tools` schema override replaces its `parameters`;
 a harness tool-description override replaces its `description`. Tools the client does not
 expose are never added (the agent could not run them).
@@ -44,6 +49,7 @@ class Applied:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     memory_notes: tuple[str, ...] = ()
+    reply_choices: tuple[str, ...] | None = None
 
 
 def _pattern(key: str) -> re.Pattern:
@@ -140,4 +146,15 @@ def apply_chat(
             shown.append(memory_message(injections[i]))
         shown.append(dict(messages[i]))
     notes = tuple(n.id for i in sorted(injections) for n in injections[i])
-    return Applied(shown, apply_tools(tools, spec.harness, spec.tools), notes)
+    tools_shown = apply_tools(tools, spec.harness, spec.tools)
+    return Applied(shown, tools_shown, notes, reply_choices(messages, spec.harness))
+
+
+def reply_choices(
+    messages: Sequence[Mapping[str, Any]], harness: Harness
+) -> tuple[str, ...] | None:
+    """The replies `harness.reply_choices` allows after `messages` (None: free)."""
+    if harness.reply_choices is None:
+        return None
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    return None if last is None else harness.reply_choices.replies(message_text(last))

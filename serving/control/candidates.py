@@ -8,7 +8,7 @@ A `Candidate` is one evolution action on one surface:
 | `noop` | nothing | 0 |
 | `memory` | memory notes (facts keyed on one task's words) | 1 |
 | `skill` | memory notes (a procedural lesson keyed on a task type's words) | 1 |
-| `harness` | harness instructions, system prompt / mode, tool descriptions | 2 |
+| `harness` | harness instructions, system prompt / mode, tool descriptions, reply choices | 2 |
 | `tool_schema` | tool-schema overrides and tool descriptions | 2 |
 | `policy` | the policy reference (new weights) | 3 |
 
@@ -51,7 +51,9 @@ _FIELDS: Mapping[str, frozenset[str]] = {
     "noop": frozenset(),
     "memory": frozenset({"notes"}),
     "skill": frozenset({"notes"}),
-    "harness": frozenset({"instructions", "system_prompt", "system_mode", "tool_descriptions"}),
+    "harness": frozenset(
+        {"instructions", "system_prompt", "system_mode", "tool_descriptions", "reply_choices"}
+    ),
     "tool_schema": frozenset({"tool_schemas", "tool_descriptions"}),
     "policy": frozenset({"policy"}),
 }
@@ -62,6 +64,7 @@ _PATCH_FIELDS = (
     "system_mode",
     "tool_descriptions",
     "tool_schemas",
+    "reply_choices",
     "policy",
 )
 
@@ -81,7 +84,8 @@ class Patch:
     notes: memory notes (`MemoryNote` JSON) to add; instructions: harness instructions to
     append; system_prompt / system_mode: the harness system prompt and mode to set (None:
     unchanged); tool_descriptions: tool name -> description; tool_schemas: tool name ->
-    {"version", "parameters"}; policy: the `PolicyRef` JSON to serve (None: unchanged).
+    {"version", "parameters"}; reply_choices: the harness's `ReplyChoices` JSON to set (None:
+    unchanged); policy: the `PolicyRef` JSON to serve (None: unchanged).
     """
 
     notes: tuple[Mapping[str, Any], ...] = ()
@@ -90,6 +94,7 @@ class Patch:
     system_mode: str | None = None
     tool_descriptions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tool_schemas: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    reply_choices: Mapping[str, Any] | None = None
     policy: Mapping[str, Any] | None = None
 
     def __post_init__(self):
@@ -115,6 +120,8 @@ class Patch:
             "tool_descriptions": dict(sorted(self.tool_descriptions.items())),
             "tool_schemas": {k: dict(v) for k, v in sorted(self.tool_schemas.items())},
             "policy": None if self.policy is None else dict(self.policy),
+            # only when set: earlier candidates keep their ids
+            **({} if self.reply_choices is None else {"reply_choices": dict(self.reply_choices)}),
         }
 
     @classmethod
@@ -129,6 +136,7 @@ class Patch:
             system_mode=data.get("system_mode"),
             tool_descriptions=dict(data.get("tool_descriptions") or {}),
             tool_schemas=dict(data.get("tool_schemas") or {}),
+            reply_choices=data.get("reply_choices"),
             policy=data.get("policy"),
         )
 
@@ -150,6 +158,8 @@ class Patch:
         if self.system_mode is not None:
             harness["system_mode"] = self.system_mode
         harness["tool_descriptions"].update(self.tool_descriptions)
+        if self.reply_choices is not None:
+            harness["reply_choices"] = dict(self.reply_choices)
         data["tools"]["schemas"].update({k: dict(v) for k, v in self.tool_schemas.items()})
         if self.policy is not None:
             data["policy"] = dict(self.policy)

@@ -5,7 +5,8 @@ The five parts, each a frozen dataclass with a JSON form and a content fingerpri
 - `PolicyRef` (pi): which policy the deployment means to run (a version label, a checkpoint);
   declarative: the worker records the policy version that actually sampled every token.
 - `Harness` (H): a system prompt (prepended to the client's, or replacing it), instructions
-  appended after it, and tool-description overrides by tool name.
+  appended after it, tool-description overrides by tool name, and optionally `ReplyChoices`:
+  the reply kept (by constrained decoding) to the options the last user message lists.
 - `Memory` (M): notes with retrieval keys, each naming the trajectories it was learned from;
   `top_k` notes at most are retrieved into one conversation (`apply.py`).
 - `Tools` (T): tool-schema overrides by tool name, each with its own version.
@@ -105,19 +106,86 @@ class PolicyRef:
         return cls(_str(data, "version", path), _str(data, "checkpoint", path))
 
 
+MAX_OPTIONS = 4096  # as a request's own choice list (serving.common.openai_requests)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplyChoices:
+    """Keeps each reply to one of the options the conversation's last user message lists,
+    e.g. the admissible actions an env prompt ends with (enforced as the request's choice list:
+    the worker's grammar mask, recorded with the call, so training sees the masked sampling).
+
+    pattern: a regular expression with exactly one group, searched in the last user message's
+      text; the group is the list. separator: what separates the options in it. template: the
+      reply for one option, `{choice}` standing for it (e.g. `<action>{choice}</action>`).
+    A message the pattern does not match, or one listing more than `MAX_OPTIONS`, leaves the
+    reply free.
+    """
+
+    pattern: str
+    separator: str = ", "
+    template: str = "{choice}"
+
+    def __post_init__(self):
+        try:
+            groups = re.compile(self.pattern).groups
+        except re.error as error:
+            raise CompositeError(f"harness.reply_choices.pattern: {error}") from None
+        if groups != 1:
+            raise CompositeError(
+                f"harness.reply_choices.pattern needs exactly one group (the list), has {groups}"
+            )
+        if not self.separator:
+            raise CompositeError("harness.reply_choices.separator must not be empty")
+        if self.template.count("{choice}") != 1:
+            raise CompositeError("harness.reply_choices.template needs '{choice}' exactly once")
+
+    def options(self, text: str) -> tuple[str, ...] | None:
+        """The options `text` lists (stripped, duplicates once), None if it lists none."""
+        found = re.search(self.pattern, text)
+        if found is None:
+            return None
+        options = [o.strip() for o in found.group(1).split(self.separator)]
+        options = list(dict.fromkeys(o for o in options if o))
+        return tuple(options) if 0 < len(options) <= MAX_OPTIONS else None
+
+    def replies(self, text: str) -> tuple[str, ...] | None:
+        """The replies allowed after a user message `text` (the template around each option)."""
+        options = self.options(text)
+        if options is None:
+            return None
+        return tuple(self.template.replace("{choice}", o) for o in options)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "separator": self.separator, "template": self.template}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str = "harness.reply_choices") -> ReplyChoices:
+        data = _object(data, path, {"pattern", "separator", "template"})
+        if "pattern" not in data:
+            raise CompositeError(f"{path}.pattern is required")
+        return cls(
+            _str(data, "pattern", path),
+            _str(data, "separator", path, ", "),
+            _str(data, "template", path, "{choice}"),
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Harness:
     """H: the in-context harness.
 
     system_prompt: text put before the client's system message ("prepend") or instead of it
     ("replace"); instructions: paragraphs appended after it, in order; tool_descriptions: tool
-    name -> the description the model sees instead of the client's.
+    name -> the description the model sees instead of the client's; reply_choices: keep the
+    reply to the options the last user message lists (`ReplyChoices`; None: free replies).
     """
 
     system_prompt: str = ""
     system_mode: str = "prepend"
     instructions: tuple[str, ...] = ()
     tool_descriptions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    reply_choices: ReplyChoices | None = None
 
     def __post_init__(self):
         if self.system_mode not in SYSTEM_MODES:
@@ -135,17 +203,25 @@ class Harness:
             "system_mode": self.system_mode,
             "instructions": list(self.instructions),
             "tool_descriptions": dict(sorted(self.tool_descriptions.items())),
+            # only when set: harnesses without it keep the fingerprints they always had
+            **(
+                {}
+                if self.reply_choices is None
+                else {"reply_choices": self.reply_choices.to_json()}
+            ),
         }
 
     @classmethod
     def from_json(cls, data: Any, path: str = "harness") -> Harness:
         fields = {"system_prompt", "system_mode", "instructions", "tool_descriptions"}
-        data = _object(data, path, fields)
+        data = _object(data, path, fields | {"reply_choices"})
+        choices = data.get("reply_choices")
         return cls(
             _str(data, "system_prompt", path),
             _str(data, "system_mode", path, "prepend"),
             _strings(data, "instructions", path),
             _str_map(data, "tool_descriptions", path),
+            None if choices is None else ReplyChoices.from_json(choices, f"{path}.reply_choices"),
         )
 
 

@@ -209,8 +209,24 @@ def _reply_example(own: Sequence[TrajectoryFacts]) -> str | None:
     return env_class(env).harness.format_reply(action, think=think)
 
 
+def _admissible_choices(own: Sequence[TrajectoryFacts]) -> dict[str, str] | None:
+    """The env's `reply_choices` for the prompts the agent was sent (its most common env and
+    prompt style), None when that env's prompts list no actions to keep replies to."""
+    envs = collections.Counter(f.env for f in own if f.env)
+    if not envs:
+        return None
+    env = envs.most_common(1)[0][0]
+    styles = collections.Counter(
+        str(f.task.get("prompt_style", "paper")) for f in own if f.env == env
+    )
+    think = any(f.task.get("think") for f in own if f.env == env)
+    return env_class(env).harness.reply_choices(style=styles.most_common(1)[0][0], think=think)
+
+
 def propose_harness(analysis: Analysis, base: CompositePolicy) -> list[Candidate]:
-    """Template instructions for the format and refused-action modes of `base.tenant`."""
+    """Template instructions for the format and refused-action modes of `base.tenant`, and
+    for refused actions also replies kept to the listed actions (`ReplyChoices`, when the
+    env's prompts list them)."""
     own = _own(analysis, base.tenant)
     failed = [f for f in own if not f.success]
     out = []
@@ -223,14 +239,24 @@ def propose_harness(analysis: Analysis, base: CompositePolicy) -> list[Candidate
         ("format", tool_format, "tool_call_format", TOOL_CALL_FORMAT),
         ("refused_action", [f for f in failed if f.refused], "admissible_only", ADMISSIBLE_ONLY),
     ]  # fmt: skip
-    for kind, showing, template, text in templates:
-        if not showing or text is None or text in base.spec.harness.instructions:
-            continue
+    patches = [
+        (kind, showing, template, Patch(instructions=(text,)))
+        for kind, showing, template, text in templates
+        if showing and text is not None and text not in base.spec.harness.instructions
+    ]
+    refused = [f for f in failed if f.refused]
+    choices = _admissible_choices(own) if refused else None
+    current = base.spec.harness.reply_choices
+    if choices is not None and (current is None or current.to_json() != choices):
+        patches.append(
+            ("refused_action", refused, "admissible_choices", Patch(reply_choices=choices))
+        )
+    for kind, showing, template, patch in patches:
         modes = sorted({m.id for m in analysis.modes if m.kind == kind})
         out.append(
             Candidate(
                 "harness",
-                Patch(instructions=(text,)),
+                patch,
                 Provenance(
                     base.tenant,
                     f"template:{template}",

@@ -8,8 +8,9 @@ style) is sent as one user message, the composite is applied to it (`apply_chat`
 memory, as the gateway would) and `agent(messages, policy)` answers with the reply text. The
 episode is won as the env says.
 
-The agent is the model under test: `agent(messages the model sees, the composite's PolicyRef)
--> reply`. In an experiment it calls the policy behind the gateway's worker directly (not
+The agent is the model under test: `agent(messages the model sees, the composite's PolicyRef,
+the replies it must choose from or None) -> reply` (the choices are the harness's
+`reply_choices` for that prompt, which the gateway would send as the request's choice list). In an experiment it calls the policy behind the gateway's worker directly (not
 through the gateway, which would apply the tenant's composite a second time).
 
 `replay_evidence` plays the same episodes under the current composite and the candidate and
@@ -35,7 +36,7 @@ from serving.control.evidence import Evidence, judge, skipped
 from serving.control.facts import facts
 from serving.control.stats import bootstrap_mean, wilson
 
-ReplayAgent = Callable[[Sequence[Mapping[str, Any]], PolicyRef], str]
+ReplayAgent = Callable[[Sequence[Mapping[str, Any]], PolicyRef, tuple[str, ...] | None], str]
 
 
 def replayable(trajectory: Trajectory) -> bool:
@@ -71,7 +72,7 @@ def play(trajectory: Trajectory, spec: CompositeSpec, agent: ReplayAgent) -> boo
 
     def policy(prompts: Sequence[str]) -> str:
         shown = apply_chat(composite, [{"role": "user", "content": prompts[-1]}], None)
-        return agent(shown.messages, spec.policy)
+        return agent(shown.messages, spec.policy, shown.reply_choices)
 
     max_steps = int(trajectory.header.task.get("max_steps", 50))
     return rerun_episode(trajectory, _PromptedTask, policy, max_steps=max_steps).total_reward > 0

@@ -200,7 +200,12 @@ class Gateway:
         if composite.version == 0 or not isinstance(request, ChatRequest):
             return request, attribution
         applied = await asyncio.to_thread(apply_chat, composite, request.messages, request.tools)
-        shown = dataclasses.replace(request, messages=applied.messages, tools=applied.tools)
+        shown = dataclasses.replace(
+            request,
+            messages=applied.messages,
+            tools=applied.tools,
+            choice=_harness_choice(request, applied.reply_choices),
+        )
         return shown, {**attribution, "memory_notes": list(applied.memory_notes)}
 
     async def _release_after(
@@ -402,3 +407,14 @@ class Gateway:
             return {"worker": name, "result": result}
 
         return list(await asyncio.gather(*(run(name) for name in workers)))
+
+
+def _harness_choice(
+    request: ChatRequest, replies: tuple[str, ...] | None
+) -> tuple[str, ...] | None:
+    """The request's choice list under the composite: the harness's reply choices, unless the
+    client constrained the output itself (its own choice list, JSON or a forced tool call)."""
+    forced_call = bool(request.tools) and request.tool_choice not in ("auto", "none")
+    if replies is None or request.choice is not None or request.response_format or forced_call:
+        return request.choice
+    return replies

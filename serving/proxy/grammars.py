@@ -64,6 +64,16 @@ def tool_call_rules(tools: Sequence[Mapping[str, Any]], tokenizer: Tokenizer) ->
     return f'call_block: {open_tag} "\\n" call "\\n" {close_tag}\ncall: {_json(schema)}\n'
 
 
+def choice_rule(options: Sequence[str]) -> str:
+    """Rule `answer`: exactly one of `options`, byte for byte."""
+    return "answer: " + " | ".join(json.dumps(option) for option in options) + "\n"
+
+
+def choice_grammar(options: Sequence[str]) -> str:
+    """The grammar of a reply that is one of `options` (a choice list without tools)."""
+    return "start: answer\n" + choice_rule(options)
+
+
 def output_grammar(
     request: ChatRequest, tools: Sequence[Mapping[str, Any]] | None, tokenizer: Tokenizer
 ) -> str | None:
@@ -78,7 +88,7 @@ def output_grammar(
         return "start: call_block\n" + tool_call_rules(chosen, tokenizer)
     response_format = request.response_format
     if request.choice is not None:
-        answer = "answer: " + " | ".join(json.dumps(option) for option in request.choice) + "\n"
+        answer = choice_rule(request.choice)
     elif response_format is None:
         return None
     else:

@@ -233,6 +233,13 @@ def _prompt(messages: Sequence[Mapping]) -> str:
     return next(str(m["content"]) for m in reversed(messages) if m.get("role") == "user")
 
 
+def _shared_start(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` share."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 class ContextAgent:
     """A stand-in for a model that follows its context.
 
@@ -241,12 +248,20 @@ class ContextAgent:
     solution it looks around (`look`) until the step limit, or, with `refuses`, tries a
     command the game does not accept. It wraps the command in `<action>` tags unless
     `needs_format` and no reply-format instruction is in its system text; an instruction to
-    drop the tags ("without tags") is obeyed.
+    drop the tags ("without tags") is obeyed. With `drifts`, the command it means comes out
+    with a word too many (" now"), which the game refuses.
+
+    Kept to a choice list (the harness's `reply_choices`), it says the allowed reply that
+    shares the longest beginning with what it would have said (the first one on a tie), as a
+    token mask keeps a model on its own words as far as the list allows.
     """
 
-    def __init__(self, games: Sequence[int], *, knows="all", needs_format=False, refuses=False):
+    def __init__(
+        self, games: Sequence[int], *, knows="all", needs_format=False, refuses=False, drifts=False
+    ):
         self.solutions = dict(solution(g) for g in games)
         self.knows, self.needs_format, self.refuses = knows, needs_format, refuses
+        self.drifts = drifts
 
     def _knows(self, task: str, system: str, policy) -> bool:
         if self.knows == "all":
@@ -255,13 +270,20 @@ class ContextAgent:
             return MEMORY_HEADER in system and f"{task}:" in system
         return policy.version in self.knows
 
-    def __call__(self, messages: Sequence[Mapping], policy) -> str:
+    def __call__(self, messages: Sequence[Mapping], policy, choices=None) -> str:
+        reply = self._reply(messages, policy)
+        if choices is None or reply in choices:
+            return reply
+        shared = [_shared_start(reply, choice) for choice in choices]
+        return choices[shared.index(max(shared))]
+
+    def _reply(self, messages: Sequence[Mapping], policy) -> str:
         prompt, system = _prompt(messages), _system_text(messages)
         task = _TASK.search(prompt).group(1)
         step = int(m.group(1)) if (m := _STEP.search(prompt)) else 0
         commands = self.solutions.get(task, ())
         if self._knows(task, system, policy) and step < len(commands):
-            command = commands[step]
+            command = commands[step] + (" now" if self.drifts else "")
         else:
             command = "fly to the moon" if self.refuses else "look"
         if "without tags" in system:

@@ -7,6 +7,7 @@ import json
 
 import openai
 import pytest
+from flax import nnx
 from serving_harness import (
     ADMIN_KEY,
     TOOL_MESSAGES,
@@ -21,8 +22,11 @@ from serving_harness import (
 from atdp_io import EventKind, codec
 from atdp_io.events import Event, EventMetadata
 from atdp_io.schema import ReplayClass
+from sao_jax.envs.alfworld.prompts import AlfworldPrompts, render_prompt
+from sao_jax.pipeline.evolve_policies import PolicyBook, copied
+from serving.control.apply import apply_chat
 from serving.control.cli import main as control_cli
-from serving.control.composite import CompositePolicy, CompositeSpec
+from serving.control.composite import CompositePolicy, CompositeSpec, PolicyRef
 from serving.gateway.app import AUDIT
 from serving.proxy.attribution import composite_fields
 from serving.proxy.runner import CallContext
@@ -299,3 +303,60 @@ def test_the_attribution_travels_to_a_separate_proxy_process():
     fields = composite_fields(back.composite)
     assert fields["composite_version"] == 2 and fields["policy_version"] == "sao-7"
     assert EventMetadata(**fields).tool_schema_versions == {"get_weather": "weather-v2"}
+
+
+ADMISSIBLE = ["go to desk 1", "look", "open drawer 1", "take mug 1 from desk 1"]
+
+
+def test_a_harness_keeps_replies_to_the_listed_actions_and_replay_decodes_alike(tmp_path):
+    buffer = tmp_path / "buffer"
+    with local_server(buffer) as (thread, parts):
+        _reply_choices_served_and_replayed(thread, parts, buffer)
+
+
+def _reply_choices_served_and_replayed(thread, parts, buffer):
+    composite = {"harness": {"reply_choices": AlfworldPrompts().reply_choices(
+        style="compact", think=False)}}  # fmt: skip
+    status, made = _put(thread.url, "initech", composite, reason="admissible replies only")
+    assert status == 200, made
+    session_id, client = session_client(thread.url, "initech")
+    prompt = render_prompt(
+        "put a mug in desk", "You are in the middle of a room.", ADMISSIBLE, history=[],
+        step=0, history_length=1, think=False, memory=None, style="compact",
+    )  # fmt: skip
+    messages = [{"role": "user", "content": prompt}]
+    allowed = [f"<action>{a}</action>" for a in ADMISSIBLE]
+    replies = []
+    for seed in range(3):  # sampled at temperature 1: still one of the listed actions
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=24, seed=seed
+        )
+        replies.append(reply.choices[0].message.content)
+    greedy = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, temperature=0
+    )
+    assert set(replies) | {greedy.choices[0].message.content} <= set(allowed), replies
+    own = client.chat.completions.create(  # the client's own output constraint wins
+        model=MODEL, messages=messages, max_tokens=4, extra_body={"guided_choice": ["done"]}
+    )
+    assert own.choices[0].message.content == "done"
+    chat = client.chat.completions.create(  # a message listing no actions: a free reply
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=4
+    )
+    *constrained, client_own, free = [e for _, e in _prompts(parts, buffer, "initech", session_id)]
+    assert len(constrained) == 4
+    for event in constrained:  # recorded with the call: training rebuilds the masks
+        assert event.llm.decoding.extra["choice"] == allowed
+        assert event.metadata.composite_version == made["version"]
+    assert client_own.llm.decoding.extra["choice"] == ["done"]
+    assert "choice" not in free.llm.decoding.extra and chat.choices[0].message.content is not None
+
+    # the replay gate's agent decodes the same reply under the same mask
+    sampler = parts.worker.sampler
+    served = copied(nnx.merge(sampler.graphdef, sampler.params))  # the worker keeps its own
+    book = PolicyBook(served, parts.proxy.tokenizer, max_new_tokens=24)
+    policy = CompositePolicy("initech", 1, CompositeSpec.from_json(composite))
+    applied = apply_chat(policy, messages, None)
+    assert applied.reply_choices == tuple(allowed)
+    replayed = book.reply(applied.messages, PolicyRef(), applied.reply_choices)
+    assert replayed == greedy.choices[0].message.content

@@ -94,6 +94,36 @@ def test_missing_facts_choose_memory_notes(plane, games):
     assert result.shipped.reason.startswith("memory ")
 
 
+def test_refused_commands_of_a_model_that_means_well_choose_replies_kept_to_the_list(plane, games):
+    for g in games[:3]:
+        record_episode(plane.atdp, "drift", g, refused_reply)
+    for g in games[3:5]:
+        record_episode(plane.atdp, "drift", g, expert_reply)
+    # the model means the right command but says a word too many, which the game refuses;
+    # an instruction does not help it, a reply kept to the listed actions does
+    agent = ContextAgent(games, knows="all", drifts=True)
+    result = plane.run_round(
+        "drift", [WindowSpec("drift")], analyzer=RuleBasedAlfworldAnalyzer(), agent=agent
+    )
+    harness = [r for r in result.results if r.candidate.surface == "harness"]
+    by_template = {r.candidate.provenance.analyzer: r for r in harness}
+    assert set(by_template) == {"template:admissible_only", "template:admissible_choices"}
+    assert by_template["template:admissible_only"].verdict == "inconclusive"
+    kept = by_template["template:admissible_choices"]
+    assert kept.verdict == "pass"
+    (replay,) = kept.evidence
+    assert (replay.baseline.value, replay.candidate.value) == (0.0, 1.0)
+    assert result.decision.chosen.candidate == kept.candidate
+    choices = result.shipped.spec.harness.reply_choices
+    assert choices is not None and choices.template == "<action>{choice}</action>"
+    # the next round does not propose the same choices again
+    again = plane.propose(
+        "drift", *plane.analyse("drift", [WindowSpec("drift")]),
+        analyzer=RuleBasedAlfworldAnalyzer(),
+    )  # fmt: skip
+    assert "template:admissible_choices" not in {c.provenance.analyzer for c in again}
+
+
 def test_the_same_failure_across_tenants_chooses_a_policy_update(plane, games):
     for tenant, offset in (("north", 0), ("south", 3)):
         for g in games[offset : offset + 3]:

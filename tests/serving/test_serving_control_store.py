@@ -7,6 +7,7 @@ import json
 import pytest
 
 from atdp_io import Redactor
+from sao_jax.envs.alfworld.prompts import AlfworldPrompts, render_prompt
 from serving.control.apply import MEMORY_HEADER, apply_chat, retrieve
 from serving.control.composite import CompositeError, CompositePolicy, CompositeSpec, Memory
 from serving.control.store import (
@@ -80,6 +81,12 @@ def test_spec_round_trips_and_fingerprints_follow_content():
         ({"tools": {"schemas": {"f": {"parameters": {}}}}}, "version"),
         ({"governance": {"allow_cross_tenant": "yes"}}, "allow_cross_tenant"),
         ({"governance": {"scope": "global"}}, "scope"),
+        ({"harness": {"reply_choices": {"pattern": "are: .*"}}}, "exactly one group"),
+        ({"harness": {"reply_choices": {"pattern": "(["}}}, "reply_choices.pattern"),
+        ({"harness": {"reply_choices": {"pattern": "(.*)", "template": "x"}}}, "'{choice}'"),
+        ({"harness": {"reply_choices": {"pattern": "(.*)", "separator": ""}}}, "separator"),
+        ({"harness": {"reply_choices": {"separator": ","}}}, "pattern is required"),
+        ({"harness": {"reply_choices": {"pattern": "(.*)", "sep": ","}}}, "unknown field"),
         ([], "JSON object"),
     ],
 )
@@ -160,6 +167,44 @@ def test_apply_harness_memory_and_tools():
     assert applied_longer.messages[:3] == applied.messages
     # top_k 2 in the whole conversation: n2 scores 2 keys, n3 one
     assert applied_longer.memory_notes == ("n1", "n2")
+
+
+@pytest.mark.parametrize("style", ["compact", "paper"])
+def test_reply_choices_keep_replies_to_the_actions_the_last_prompt_lists(style):
+    admissible = ["go to desk 1", "look", "take mug 1 from desk 1", "look"]
+    prompt = lambda actions: render_prompt(  # noqa: E731
+        "put a mug in desk", "You see a desk 1.", actions, history=[], step=0,
+        history_length=1, think=False, memory=None, style=style,
+    )  # fmt: skip
+    choices = AlfworldPrompts().reply_choices(style=style, think=False)
+    spec = CompositeSpec.from_json({**SPEC, "harness": {"reply_choices": choices}})
+    policy = CompositePolicy("acme", 1, spec)
+    messages = [
+        {"role": "user", "content": prompt(["open drawer 1"])},
+        {"role": "assistant", "content": "<action>open drawer 1</action>"},
+        {"role": "user", "content": prompt(admissible)},
+    ]
+    applied = apply_chat(policy, messages, None)
+    assert applied.reply_choices == (  # the last user message's list, once each, in order
+        "<action>go to desk 1</action>",
+        "<action>look</action>",
+        "<action>take mug 1 from desk 1</action>",
+    )
+    assert applied.messages == messages  # the text the model sees is unchanged
+    free = apply_chat(policy, [{"role": "user", "content": "hello"}], None)
+    assert free.reply_choices is None  # a message listing nothing leaves the reply free
+    assert AlfworldPrompts().reply_choices(style=style, think=True) is None  # free reasoning
+
+    # the harness fingerprint follows the choices; harnesses without them keep theirs
+    plain = CompositeSpec.from_json(SPEC)
+    assert "reply_choices" not in plain.harness.to_json()
+    assert CompositeSpec.from_json(spec.to_json()) == spec
+    assert (
+        spec.fingerprints()["harness"]
+        != CompositeSpec.from_json(
+            {**SPEC, "harness": {"reply_choices": {**choices, "template": "{choice}"}}}
+        ).fingerprints()["harness"]
+    )
 
 
 def test_retrieval_is_whole_word_and_deterministic():

@@ -195,6 +195,18 @@ class AlfworldPrompts(PromptHarness):
             style=options.style,
         )
 
+    def reply_choices(self, *, style: str, think: bool) -> dict[str, str] | None:
+        """The admissible-actions line of either style; none with reasoning (`think`)."""
+        if think:
+            return None
+        if style == "compact":  # "Your admissible actions are: a, b, c."
+            pattern, separator = r"Your admissible actions are: (.*)\.", ", "
+        else:  # "Your admissible actions of the current situation are: ['a', 'b']."
+            pattern = r"Your admissible actions of the current situation are: \['(.*)'\]\."
+            separator = "', '"
+        template = self.format_reply("{choice}", think=False)
+        return {"pattern": pattern, "separator": separator, "template": template}
+
     def followup(self, observation, admissible, *, step, options: PromptOptions) -> str:
         return followup_text(
             observation, admissible or (), step=step, think=options.think, style=options.style
