@@ -11,10 +11,12 @@ weights, so the same functions over the recorded output ids (`grammar_steps`, dr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 
 import llguidance
 import numpy as np
+import tokenizers
 
 
 def stop_bitmask(stop_ids: Sequence[int], words: int) -> np.ndarray:
@@ -42,8 +44,40 @@ def guidance_tokenizer(
     tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]
 ) -> llguidance.LLTokenizer:
     """llguidance's view of a Hugging Face `tokenizer.json` over `vocab_size` ids (the
-    logits' width), `stop_ids` ending a sequence (allowed once the grammar is complete)."""
+    logits' width), `stop_ids` ending a sequence (allowed once the grammar is complete).
+
+    llguidance reads byte-level and byte-fallback tokenizers itself. A tokenizer whose decoder
+    only concatenates its pieces (`Fuse`, e.g. the word-level ALFWorld tokenizer) is given to it
+    as the bytes of each piece, every added token marked special (as llguidance treats added
+    tokens of the tokenizers it reads itself)."""
+    decoder = (json.loads(tokenizer_json).get("decoder") or {}).get("type")
+    if decoder == "Fuse":
+        wrapper = llguidance.TokenizerWrapper(_FusedPieces(tokenizer_json, vocab_size, stop_ids))
+        return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(stop_ids))
     return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(stop_ids))
+
+
+class _FusedPieces:
+    """A tokenizer whose text is the concatenation of its pieces, as `TokenizerWrapper` takes
+    it: the bytes of each id (added tokens prefixed with 0xff, llguidance's mark of a special
+    token; ids past the vocabulary empty) and an encoder."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]):
+        self._backend = tokenizers.Tokenizer.from_str(tokenizer_json)
+        added = {int(i) for i in self._backend.get_added_tokens_decoder()}
+        self.tokens = []
+        for token_id in range(vocab_size):
+            piece = self._backend.id_to_token(token_id)
+            data = b"" if piece is None else piece.encode("utf-8")
+            self.tokens.append(b"\xff" + data if token_id in added else data)
+        self.special_token_ids = sorted(added)
+        self.eos_token_id = int(stop_ids[0]) if stop_ids else None
+        self.bos_token_id = None
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._backend.encode(text, add_special_tokens=False).ids
 
 
 def lark_matcher(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:

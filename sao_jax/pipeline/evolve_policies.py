@@ -100,7 +100,7 @@ class PolicyBook:
             stop_token_ids=tuple(self.tokenizer.stop_ids),
         )
         if choices:
-            ids = self._masked_greedy(prompt, sampling, choice_grammar(choices))
+            ids = self._masked_greedy(prompt, sampling, choice_grammar(choices, self.tokenizer))
         else:
             result = self.sampler.generate([prompt], sampling)
             ids = result.tokens[0][: int(result.lengths[0])].tolist()

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from atdp_io import Trajectory
+from serving.common.errors import ApiError
 from serving.control.analysis import success_by_version
 from serving.control.audit import DecisionLog
 from serving.control.candidates import Candidate
@@ -187,11 +188,22 @@ def gate(
         )
     if agent is not None:
         episodes = replay_set(trajectories, config.replay_episodes)
-        evidence.append(
-            replay_evidence(
-                current.spec, spec, episodes, agent, min_gain=config.min_gain, cache=cache, **common
+        try:
+            evidence.append(
+                replay_evidence(
+                    current.spec,
+                    spec,
+                    episodes,
+                    agent,
+                    min_gain=config.min_gain,
+                    cache=cache,
+                    **common,
+                )
             )
-        )
+        except ApiError as error:  # what the model would be asked cannot be served
+            reason = f"cannot be served: {error.message}"
+            result = GateResult(candidate, current.version, "refuse", (), (reason,), None)
+            return _logged(result, current, audit)
     if canary is not None:
         window, version = canary
         evidence.append(canary_evidence(window, version, current.version, config))

@@ -16,6 +16,7 @@ A constrained reply ends when its grammar does: only the stop tokens are allowed
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from serving.common.openai_requests import ChatRequest
 
 # Qwen writes tool-call JSON with json.dumps' separators; a grammar that allowed any spacing
 # would let a random model pad the output with whitespace until max_tokens.
+_TAG = re.compile(r"<[^<>\s]+>")  # an added token Lark can name: `<action>`, `<|im_end|>`
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -64,14 +66,35 @@ def tool_call_rules(tools: Sequence[Mapping[str, Any]], tokenizer: Tokenizer) ->
     return f'call_block: {open_tag} "\\n" call "\\n" {close_tag}\ncall: {_json(schema)}\n'
 
 
-def choice_rule(options: Sequence[str]) -> str:
-    """Rule `answer`: exactly one of `options`, byte for byte."""
-    return "answer: " + " | ".join(json.dumps(option) for option in options) + "\n"
+def _added_tokens(tokenizer: Tokenizer) -> list[str]:
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return []
+    return sorted({t.content for t in backend.get_added_tokens_decoder().values()}, key=len)[::-1]
 
 
-def choice_grammar(options: Sequence[str]) -> str:
+def _literal(text: str, added: Sequence[str]) -> str:
+    """`text` as a Lark sequence: its added tokens (e.g. `<action>`) by name, so the reply
+    spells them as the one token the model was trained on; the rest as quoted strings."""
+    if not added:
+        return json.dumps(text)
+    pieces = re.split("(" + "|".join(re.escape(t) for t in added) + ")", text)
+    return " ".join(_tag_name(p) if p in added else json.dumps(p) for p in pieces if p)
+
+
+def _tag_name(token: str) -> str:
+    return token if _TAG.fullmatch(token) else json.dumps(token)
+
+
+def choice_rule(options: Sequence[str], tokenizer: Tokenizer) -> str:
+    """Rule `answer`: exactly one of `options` (their text byte for byte)."""
+    added = _added_tokens(tokenizer)
+    return "answer: " + " | ".join(f"({_literal(o, added)})" for o in options) + "\n"
+
+
+def choice_grammar(options: Sequence[str], tokenizer: Tokenizer) -> str:
     """The grammar of a reply that is one of `options` (a choice list without tools)."""
-    return "start: answer\n" + choice_rule(options)
+    return "start: answer\n" + choice_rule(options, tokenizer)
 
 
 def output_grammar(
@@ -88,7 +111,7 @@ def output_grammar(
         return "start: call_block\n" + tool_call_rules(chosen, tokenizer)
     response_format = request.response_format
     if request.choice is not None:
-        answer = choice_rule(request.choice)
+        answer = choice_rule(request.choice, tokenizer)
     elif response_format is None:
         return None
     else:

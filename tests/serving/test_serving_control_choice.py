@@ -19,6 +19,7 @@ from control_windows import (
 
 from atdp_io import AtdpStore
 from sao_jax.seed.analyzers import RuleBasedAlfworldAnalyzer
+from serving.common.errors import ApiError
 from serving.control.canary import CanaryBook
 from serving.control.candidates import Candidate, Patch, Provenance
 from serving.control.choice import choose, recommend
@@ -122,6 +123,32 @@ def test_refused_commands_of_a_model_that_means_well_choose_replies_kept_to_the_
         analyzer=RuleBasedAlfworldAnalyzer(),
     )  # fmt: skip
     assert "template:admissible_choices" not in {c.provenance.analyzer for c in again}
+
+
+def test_a_candidate_the_model_cannot_be_served_under_is_refused_and_the_round_goes_on(
+    plane, games
+):
+    for g in games[:3]:
+        record_episode(plane.atdp, "nogrammar", g, refused_reply)
+    record_episode(plane.atdp, "nogrammar", games[3], expert_reply)
+    model = ContextAgent(games, knows="all", drifts=True)
+
+    def agent(messages, policy, choices=None):  # a model whose tokenizer takes no grammar
+        if choices is not None:
+            raise ApiError(400, "cannot compile the output constraint: no decoder")
+        return model(messages, policy)
+
+    result = plane.run_round(
+        "nogrammar", [WindowSpec("nogrammar")], analyzer=RuleBasedAlfworldAnalyzer(), agent=agent
+    )
+    by_template = {r.candidate.provenance.analyzer: r for r in result.results}
+    refused = by_template["template:admissible_choices"]
+    assert refused.verdict == "refuse" and refused.evidence == ()
+    assert refused.reasons == (
+        "cannot be served: cannot compile the output constraint: no decoder",
+    )
+    assert by_template["template:admissible_only"].verdict == "inconclusive"  # still judged
+    assert result.decision.action == "noop"
 
 
 def test_the_same_failure_across_tenants_chooses_a_policy_update(plane, games):

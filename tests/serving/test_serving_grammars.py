@@ -8,6 +8,7 @@ import pytest
 from serving_harness import LAMP, NOTE
 
 from sao_jax.tokenizers import parse_tool_calls
+from sao_jax.tokenizers.word import WordTokenizer
 from serving.common.errors import ApiError
 from serving.common.openai_requests import parse_chat_request
 from serving.common.tiny_tokenizer import build_tiny_tokenizer
@@ -72,3 +73,34 @@ def test_free_text_has_no_grammar_and_bad_grammars_are_a_400():
     with pytest.raises(ApiError) as info:
         COMPILER.compile("start: nowhere")
     assert info.value.status == 400 and "constraint" in info.value.message
+
+
+ACTIONS = [
+    "<action>go to desk 1</action>",
+    "<action>go to desk 12</action>",
+    "<action>look</action>",
+]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_choice_list_on_the_word_level_tokenizer_spells_added_tokens_as_one_token(seed):
+    # the ALFWorld tokenizer: a Fuse decoder llguidance cannot read from its JSON alone
+    words = WordTokenizer.from_texts(["go to desk look 1 2"])
+    compiler = GrammarCompiler(words.backend.to_str(), words.vocab_size, tuple(words.stop_ids))
+    request = parse_chat_request(
+        {"model": "m", "messages": MESSAGES, "structured_outputs": {"choice": ACTIONS}}
+    )
+    constraint, out = compiler.compile(output_grammar(request, None, words)), []
+    rng = np.random.default_rng(seed)
+    while True:
+        bits = np.unpackbits(constraint.bitmask().view(np.uint8), bitorder="little")
+        allowed = np.flatnonzero(bits[: words.vocab_size])
+        if not out:  # the reply opens with the <action> token the model was trained on
+            assert allowed.tolist() == [words.backend.token_to_id("<action>")]
+        token = int(rng.choice(allowed))
+        if token in words.stop_ids:
+            break
+        out.append(token)
+        constraint.consume(token)
+    assert words.decode(out, skip_special_tokens=False) in ACTIONS
+    assert words.backend.token_to_id("</action>") == out[-1]
