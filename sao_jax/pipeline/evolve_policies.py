@@ -24,10 +24,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from atdp_io import Trajectory
-from atdp_io.rows import SAMPLING_KEYS, pack_batch, trajectory_rows
+from atdp_io.mask_replay import MaskReplay
+from atdp_io.rows import SAMPLING_KEYS, pack_batch, training_view, trajectory_rows
 from sao_jax.models import Transformer
 from sao_jax.rollout import Sampler
 from sao_jax.rollout.sampler import bucket
@@ -67,6 +69,11 @@ class PolicyBook:
         self.sources[label] = frozenset(sources)
         self.ids[label] = len(self.ids)
         return PolicyRef(label, f"memory:{label}")
+
+    @property
+    def vocab_size(self) -> int:
+        """The policies' logits width (masks are this wide)."""
+        return self.sampler.config.vocab_size
 
     def model_for(self, ref: PolicyRef) -> Transformer:
         try:
@@ -160,8 +167,11 @@ class WindowTrainer:
 
     def batch(self, trajectories: Sequence[Trajectory]) -> dict:
         groups, used = [], 0
+        # calls sampled under a grammar mask (a harness's reply choices) train with the masked
+        # ratio: their masks are rebuilt from the recorded grammar first
+        replay = MaskReplay.from_tokenizer(self.book.tokenizer, self.book.vocab_size)
         for trajectory in trajectories:
-            rows, _ = trajectory_rows(trajectory, "windowed")
+            rows, _ = trajectory_rows(replay.view(training_view(trajectory)), "windowed")
             rows = [r for r in rows if r.length <= self.seq_len]
             if rows and used + len(rows) <= self.rows:
                 groups.append(rows)
@@ -171,9 +181,11 @@ class WindowTrainer:
         batch = pack_batch(groups, self.rows, self.seq_len, self.book.tokenizer.pad_id)
         batch["rewards"] = batch["rewards"] * self.reward_sign
         # A greedy window's actions have log-prob 0 under the greedy transform the batch
-        # records, so they would train nothing; they train as samples of the plain policy.
-        for key in SAMPLING_KEYS:
-            batch.pop(key, None)
+        # records, so they would train nothing; they train as samples of the plain policy
+        # (under their grammar mask, if they had one: the mask keys stay).
+        for key, identity in zip(SAMPLING_KEYS, (1.0, 0, 1.0), strict=True):
+            if key in batch:
+                batch[key] = np.full_like(batch[key], identity)
         return batch
 
     def __call__(self, trajectories: Sequence[Trajectory], policy: PolicyRef) -> PolicyRef:

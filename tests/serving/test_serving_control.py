@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import openai
 import pytest
 from flax import nnx
@@ -23,7 +24,8 @@ from atdp_io import EventKind, codec
 from atdp_io.events import Event, EventMetadata
 from atdp_io.schema import ReplayClass
 from sao_jax.envs.alfworld.prompts import AlfworldPrompts, render_prompt
-from sao_jax.pipeline.evolve_policies import PolicyBook, copied
+from sao_jax.pipeline.evolve_policies import PolicyBook, copied, window_trainer
+from sao_jax.train import LearnerConfig
 from serving.control.apply import apply_chat
 from serving.control.cli import main as control_cli
 from serving.control.composite import CompositePolicy, CompositeSpec, PolicyRef
@@ -360,3 +362,13 @@ def _reply_choices_served_and_replayed(thread, parts, buffer):
     assert applied.reply_choices == tuple(allowed)
     replayed = book.reply(applied.messages, PolicyRef(), applied.reply_choices)
     assert replayed == greedy.choices[0].message.content
+
+    # a policy candidate trains on such calls with their masks rebuilt (the masked ratio)
+    trajectory = read_trajectories(buffer, "initech")[session_id]
+    trainer = window_trainer(book, LearnerConfig(), rows=8, seq_len=512, steps=1,
+                             learning_rate=1e-4)  # fmt: skip
+    batch = trainer.batch([trajectory])
+    assert {"mask_index", "mask_table"} <= set(batch)
+    assert np.all(batch["sample_temperature"] == 1.0)  # greedy calls train as plain samples
+    trained = trainer([trajectory], PolicyRef())
+    assert trained.version == "sao_window-1" and book.model_for(trained) is not served
