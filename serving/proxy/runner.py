@@ -208,6 +208,9 @@ class GenerationRunner:
                     input_ids=request.input_ids + tuple(collected.ids),
                     max_tokens=request.max_tokens - produced,
                     seed=(request.seed * 1_000_003 + produced) % 2**32,
+                    # the grammar, budget, stop strings and text carry on from these
+                    continues=tuple(collected.ids),
+                    continued_chars=len(collected.text),
                 )
             try:
                 # aclosing: when the caller stops reading (the client left), the worker's

@@ -234,6 +234,8 @@ class GenerationEngine:
         handle = GenerationHandle(request, asyncio.get_running_loop())
         if request.grammar is not None:
             handle.constraint = self._compile(request.grammar)
+            for token in request.continues:  # the reply so far, from a worker that died
+                handle.constraint.consume(token)
         with self._cv:
             if self._stopping:
                 raise ApiError(503, "the worker is shutting down", code="shutting_down")
@@ -437,7 +439,14 @@ class GenerationEngine:
         now = time.monotonic()
         for index, handle, _ in admitted:
             stop_ids = frozenset(self._stop_ids(handle.request))
-            tracker = TextTracker(self.tokenizer, handle.request.stop, stop_ids)
+            request = handle.request
+            tracker = TextTracker(
+                self.tokenizer,
+                request.stop,
+                stop_ids,
+                prefix=request.continues,
+                sent=request.continued_chars,
+            )
             slot = Slot(handle, stop_ids, tracker, admitted_at=now)
             if handle.request.think_budget is not None and self._think_ids is not None:
                 slot.start_budget(self._think_ids)

@@ -26,7 +26,12 @@ class GenerationRequest:
     grammar: a Lark grammar (llguidance dialect, see `constraints.py`) the output must match,
     enforced by a token mask while sampling (None: unconstrained); think_budget: at most this
     many tokens between <think> and </think> (</think> is forced then; 0: <think> is never
-    sampled; None: no limit)."""
+    sampled; None: no limit).
+
+    continues: when the request continues a reply another worker started (and died in), the
+    reply's ids so far -- the tail of `input_ids`; the grammar, the thinking budget, stop
+    strings and the text see the whole reply. continued_chars: how many characters of that
+    reply's text were already delivered (the rest, held back then, is delivered now)."""
 
     input_ids: tuple[int, ...]
     max_tokens: int
@@ -41,6 +46,13 @@ class GenerationRequest:
     timeout_s: float | None = None
     grammar: str | None = None
     think_budget: int | None = None
+    continues: tuple[int, ...] = ()
+    continued_chars: int = 0
+
+    def __post_init__(self):
+        n = len(self.continues)
+        if n and tuple(self.input_ids[len(self.input_ids) - n :]) != tuple(self.continues):
+            raise ValueError("continues must be the tail of input_ids (the reply so far)")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -52,6 +64,7 @@ class GenerationRequest:
         data["stop"] = tuple(data.get("stop", ()))
         if data.get("stop_token_ids") is not None:
             data["stop_token_ids"] = tuple(data["stop_token_ids"])
+        data["continues"] = tuple(data.get("continues", ()))
         return cls(**data)
 
 
@@ -144,11 +157,23 @@ class TextTracker:
     still start a stop string, or an unfinished UTF-8 character, is held back in whole tokens.
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], stop_ids: frozenset[int]):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop: Sequence[str],
+        stop_ids: frozenset[int],
+        *,
+        prefix: Sequence[int] = (),
+        sent: int = 0,
+    ):
+        """prefix: ids of the reply generated before (by a worker that died), `sent` of its
+        characters already emitted; `update` then takes the ids generated after it."""
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.stop_ids = stop_ids
-        self.sent = 0  # characters already emitted
+        self.prefix = list(prefix)
+        self.sent = sent  # characters already emitted
+        self._released = len(self.prefix)  # leading ids whose text is all emitted
         self.stopped_text: str | None = None  # the reply when a stop string ended it
         self._searched = 0  # stop strings cannot start before this character
         # A prefix of the output that ends on a whole character, and its text: every later
@@ -211,7 +236,21 @@ class TextTracker:
     def update(self, ids: list[int], finished: bool) -> tuple[str, int | None, str | None]:
         """Returns (new text to emit, token count to keep if a stop string ended the reply,
         the stop string). With a stop hit, `ids[:keep]` is the reply up to the last token
-        boundary before the stop string and the reply text is exactly their decode."""
+        boundary before the stop string and the reply text is exactly their decode. With a
+        prefix, `ids` and `keep` count the tokens after it (a stop string that starts inside
+        the prefix keeps none of them)."""
+        if self.prefix:
+            delta, keep, stop = self._update(self.prefix + ids, finished)
+            return delta, None if keep is None else max(0, keep - len(self.prefix)), stop
+        return self._update(ids, finished)
+
+    @property
+    def released(self) -> int:
+        """How many of the ids after the prefix have had all their text emitted: ids past it
+        are held back with their text (a stop string may yet start inside one and drop it)."""
+        return max(0, self._released - len(self.prefix))
+
+    def _update(self, ids: list[int], finished: bool) -> tuple[str, int | None, str | None]:
         content = self._content_ids(ids)
         text = self._text(content, len(content))
         hit = self._find_stop(text) if self.stop else None
@@ -220,8 +259,10 @@ class TextTracker:
             keep, text = self._boundary(ids, text, hit[0])
             self.stopped_text = text
             emit_to = len(text)
+            self._released = keep
         elif finished:
             emit_to = len(text)
+            self._released = len(ids)
         else:
             if self.stop:
                 longest = max(len(s) for s in self.stop)
@@ -233,6 +274,7 @@ class TextTracker:
                 count, prefix = len(content), text
             emit_to = len(prefix)
             self._advance(count, prefix)
+            self._released = max(self._released, count)
         delta = text[self.sent : max(emit_to, self.sent)]
         self.sent = max(self.sent, emit_to)
         return delta, keep, hit[1] if hit else None
@@ -241,5 +283,5 @@ class TextTracker:
         """The whole reply (stop string and stop token excluded): `decode` of the kept ids."""
         if self.stopped_text is not None:
             return self.stopped_text
-        content = self._content_ids(ids)
+        content = self._content_ids(self.prefix + list(ids))
         return self._text(content, len(content))

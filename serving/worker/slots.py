@@ -98,7 +98,10 @@ class Slot:
         prompt = self.request.input_ids
         opened = max((i for i, t in enumerate(prompt) if t == think_ids[0]), default=-1)
         closed = max((i for i, t in enumerate(prompt) if t == think_ids[1]), default=-1)
-        self.thinking = 0 if opened > closed else None
+        # a continued reply (`request.continues`) already spent its thinking tokens so far
+        reply_start = len(prompt) - len(self.request.continues)
+        spent = len(prompt) - max(opened + 1, reply_start)
+        self.thinking = spent if opened > closed else None
 
     def next_mask(self, words: int) -> np.ndarray | None:
         """[words] int32 bitmask of the ids allowed next (the grammar's; or, under a thinking
@@ -158,6 +161,8 @@ class Slot:
         """Events to deliver now and whether the request is complete (slot can be freed)."""
         events: list = []
         upto = len(self.output)
+        if self.finish is None:  # ids go with their text: held-back text holds its ids back
+            upto = min(upto, self.tracker.released)
         wants_top = bool(self.request.top_logprobs)
         if wants_top:
             upto = min(upto, len(self.top))

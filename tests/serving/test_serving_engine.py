@@ -306,3 +306,41 @@ def test_requests_the_cache_cannot_hold_are_refused(make_worker):
     with pytest.raises(ApiError) as info:
         asyncio.run(submit(GenerationRequest((1,) * 500, max_tokens=20)))
     assert info.value.status == 400 and info.value.code == "context_length_exceeded"
+
+
+def test_a_reply_continued_after_a_worker_died_keeps_its_grammar_and_held_back_text(make_worker):
+    """What the data proxy sends when a reply moves: the reply so far as `continues` (the tail
+    of the prompt) and the characters already delivered. The grammar resumes where it was
+    (a fresh one would restart the reply), and text held back for a stop string is sent."""
+    worker = make_worker()
+    tok = tool_model().tokenizer
+    prompt = tuple(tok.encode_chat([{"role": "user", "content": "go to the cabinet"}]))
+    options = ["go to desk 1", "go to cabinet 12", "look around"]
+    grammar = "start: " + " | ".join(f'"{o}"' for o in options)
+    whole = GenerationRequest(prompt, max_tokens=24, temperature=0.0, grammar=grammar)
+    ids, _, _, text, finished, _ = asyncio.run(collect(worker, whole))
+    assert text in options and finished.finish_reason == "stop" and len(ids) >= 3
+    for cut in range(1, len(ids) - 1):
+        done = tok.decode(ids[:cut])
+        moved = dataclasses.replace(
+            whole,
+            input_ids=prompt + tuple(ids[:cut]),
+            max_tokens=whole.max_tokens - cut,
+            continues=tuple(ids[:cut]),
+            continued_chars=len(done),
+        )
+        rest, _, _, rest_text, _, _ = asyncio.run(collect(worker, moved))
+        assert ids[:cut] + rest == ids and done + rest_text == text, cut
+    # a stop string's possible start held back when the first worker died is delivered now
+    held = tok.decode(ids[:1])[:-1]  # as if the last character could start a stop string
+    moved = dataclasses.replace(
+        whole,
+        input_ids=prompt + tuple(ids[:1]),
+        max_tokens=whole.max_tokens - 1,
+        continues=tuple(ids[:1]),
+        continued_chars=len(held),
+    )
+    _, _, _, rest_text, _, _ = asyncio.run(collect(worker, moved))
+    assert held + rest_text == text
+    with pytest.raises(ValueError, match="tail of input_ids"):
+        dataclasses.replace(whole, continues=(1, 2, 3))

@@ -1,10 +1,11 @@
 """Pure pieces of serving: the tiny tokenizer, incremental text with stop strings, tool-call
 streaming, conversation diffs, and the AReaL staleness capacity."""
 
+import asyncio
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from serving.common.errors import ApiError
@@ -12,7 +13,8 @@ from serving.common.tiny_tokenizer import TINY_VOCAB_SIZE, build_tiny_tokenizer
 from serving.proxy.conversation import canonical, new_messages
 from serving.proxy.responses import ToolCallStreamFilter, parse_reply
 from serving.worker.admission import staleness_capacity, validate_request
-from serving.worker.generation import GenerationRequest, TextTracker
+from serving.worker.generation import GenerationHandle, GenerationRequest, TextTracker, TokenChunk
+from serving.worker.slots import Slot
 
 TOKENIZER = build_tiny_tokenizer()
 STOP_IDS = frozenset(TOKENIZER.stop_ids)
@@ -111,6 +113,44 @@ def test_random_token_ids_emit_exactly_their_decode(ids, stops, chunk):
     assert emitted == tracker.final_text(kept) == TOKENIZER.decode(kept)
 
 
+@given(
+    st.text(alphabet="ab c\n\u00e9<>|", min_size=2, max_size=40),
+    st.lists(st.text(alphabet="ab c\u00e9>", min_size=1, max_size=3), max_size=2),
+    st.integers(1, 4),
+    st.data(),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_reply_continued_on_another_worker_emits_what_one_worker_would(text, stops, chunk, data):
+    """A worker dies after `cut` tokens; the next one continues with the reply so far as the
+    tracker's prefix and what the proxy had received as `sent`: the client's text is the same,
+    held-back characters (a partial stop string, a split character) included."""
+    ids = TOKENIZER.encode(text)
+    assume(len(ids) >= 2)
+    whole, _, _, final = stream(text, stop=tuple(stops), chunk=chunk)
+    cut = data.draw(st.integers(1, len(ids) - 1))
+    first = TextTracker(TOKENIZER, tuple(stops), STOP_IDS)
+    emitted, keep = "", None
+    for begin in range(0, cut, chunk):  # the first worker, never finished
+        delta, keep, _ = first.update(ids[: min(begin + chunk, cut)], finished=False)
+        emitted += delta
+        if keep is not None:
+            break
+    if keep is not None:  # it stopped on a stop string before it died: nothing to continue
+        assert emitted == whole
+        return
+    second = TextTracker(TOKENIZER, tuple(stops), STOP_IDS, prefix=ids[:cut], sent=len(emitted))
+    rest, out = ids[cut:], []
+    for begin in range(0, len(rest), chunk):
+        out = rest[: begin + chunk]
+        delta, keep, _ = second.update(out, begin + chunk >= len(rest))
+        emitted += delta
+        if keep is not None:
+            out = out[:keep]
+            break
+    assert emitted == whole == final
+    assert second.final_text(out) == final
+
+
 def test_special_tokens_in_a_reply_are_returned_as_text():
     ids = [TOKENIZER.token_to_id("<|im_start|>"), *TOKENIZER.encode("hi")]
     emitted, kept, _, final = stream(TOKENIZER.decode(ids), stop_token=True)
@@ -124,6 +164,43 @@ def test_partial_stop_string_is_held_back_then_released():
     assert keep is None and delta == "abc " and "ST" not in delta
     delta, keep, _ = tracker.update(ids, finished=True)  # ended by length: release the tail
     assert delta == "ST"
+
+
+@given(
+    st.lists(st.integers(3, TINY_VOCAB_SIZE - 1), min_size=1, max_size=30),
+    st.lists(st.text(alphabet="ab e>\n<", min_size=1, max_size=2), max_size=2),
+    st.integers(1, 4),
+)
+@example(  # the case the exact-record test found: "<tool_call>" then "\n", stop ">\n"
+    ids=[*TOKENIZER.encode("ab"), TOKENIZER.token_to_id("<tool_call>"), *TOKENIZER.encode("\n")],
+    stops=[">\n"],
+    chunk=1,
+)
+@settings(max_examples=200, deadline=None)
+def test_a_slot_delivers_ids_only_with_their_text(ids, stops, chunk):
+    """Ids go to the data proxy with their text: a token whose text is held back (it may start
+    a stop string) is held back too, so when a stop string then starts inside it, the recorded
+    ids never hold a token the client's text lacks (found by the exact-record test: a reply
+    ending `<tool_call>` cut by the stop `>\n`)."""
+    request = GenerationRequest(tuple(TOKENIZER.encode("hi")), max_tokens=len(ids),
+                                stop=tuple(stops))  # fmt: skip
+    tracker = TextTracker(TOKENIZER, tuple(stops), STOP_IDS)
+    slot = Slot(GenerationHandle(request, asyncio.new_event_loop()), STOP_IDS, tracker, 0.0)
+    delivered, text = [], ""
+    for begin in range(0, len(ids), chunk):
+        step = ids[begin : begin + chunk]
+        slot.extend(step, [0.0] * len(step), 0, [0.0] * len(step))
+        events, _ = slot.next_events()
+        for event in events:
+            if isinstance(event, TokenChunk):
+                delivered += event.token_ids
+                text += event.text
+        # every delivery: the ids so far decode to (at least) the text so far, no further
+        assert TOKENIZER.decode(delivered).startswith(text)
+        if slot.finish is not None:  # a stop string, or max_tokens at the last id
+            break
+    assert slot.finish in ("stop", "length")
+    assert TOKENIZER.decode(delivered) == text == tracker.final_text(slot.output)
 
 
 def test_incomplete_utf8_is_held_back():
