@@ -5,11 +5,13 @@
 - `start_canary` stores it the same way but serves it to a share of sessions only
   (`canary.py`); `finish_canary` keeps it (everyone gets it) or drops it (a rollback to the
   baseline).
-- `watch` compares live success of the serving version with the version before it, on the
-  tenant's traffic attributed by `composite_version` (during a canary: candidate vs baseline).
-  When the drop exceeds the interval (the upper bound of current - previous is below 0, both
-  with at least `min_sessions` labelled sessions), it rolls back: a new version with the
-  previous content, as the store does.
+- `watch` compares live success of the serving version with the closest earlier version live
+  traffic measured (its parent, or further back when the parent was replaced before it served
+  `min_sessions` labelled sessions; during a canary, the canary's baseline), on the tenant's
+  traffic attributed by `composite_version`. When the drop exceeds the interval (the upper
+  bound of current - previous is below 0, both with at least `min_sessions` labelled
+  sessions), it rolls back to that measured version: a new version with its content, as the
+  store does (the last content live traffic showed to be better).
 
 Governance: a candidate learned from one tenant's trajectories reaches another tenant only if
 the source tenant's composite allows it (`governance.allow_cross_tenant`, default false);
@@ -227,16 +229,21 @@ def watch(
     current = store.current(tenant)
     canary = canaries.get(tenant) if canaries is not None else None
     in_canary = canary is not None and canary.version == current.version
-    previous = canary.baseline if in_canary else current.parent
-    if current.version == 0 or previous is None:
+    # outside a canary: the closest earlier version live traffic measured (a version promoted
+    # and replaced before any session ran it is skipped), else the parent
+    earlier = [canary.baseline] if in_canary else _ancestors(store, tenant, current)
+    if current.version == 0 or not earlier:
+        previous = canary.baseline if in_canary else current.parent
         result = WatchResult(tenant, "no_previous", current.version, previous)
         return _watched(result, audit)
     try:
         window = read_window(atdp, WindowSpec(tenant, since=since,
-                                              versions=(previous, current.version)))  # fmt: skip
+                                              versions=(*earlier, current.version)))  # fmt: skip
     except UnknownTenant:
         window = []
     by_version = success_by_version([facts(t) for t in window], confidence)
+    measured = [v for v in earlier if v in by_version and by_version[v].n >= min_sessions]
+    previous = measured[0] if measured else earlier[0]
     empty = wilson(0, 0, confidence)
     now, before = by_version.get(current.version, empty), by_version.get(previous, empty)
     delta = rate_difference(now, before)
@@ -263,6 +270,17 @@ def watch(
         tenant, status, current.version, previous, now, before, delta, rolled, in_canary
     )
     return _watched(result, audit)
+
+
+def _ancestors(
+    store: CompositeStore, tenant: str, current: CompositePolicy, limit: int = 64
+) -> list[int]:
+    """The versions `current` was made from, nearest first (parent, its parent, ... 0)."""
+    out, version = [], current.parent
+    while version is not None and len(out) < limit:
+        out.append(version)
+        version = store.get(tenant, version).parent if version > 0 else None
+    return out
 
 
 def _watched(result: WatchResult, audit: DecisionLog | None) -> WatchResult:

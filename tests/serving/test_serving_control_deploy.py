@@ -66,6 +66,23 @@ def test_a_live_regression_is_rolled_back_within_one_watch(stores):
     assert store.current("acme").version == 3
 
 
+def test_a_regression_after_two_promotions_in_one_round_is_measured_against_the_last_served(
+    stores,
+):
+    store, atdp, _, audit = stores
+    store.put("acme", {"harness": {"system_prompt": "Be brief."}}, reason="v1")
+    _traffic(atdp, "acme", 1, successes=10)
+    promote(store, "acme", _note("acme"), audit=audit)  # v2: replaced before any session
+    other = {**NOTE, "id": "lyon", "text": "Lyon is in France.", "keys": ["lyon"]}
+    promote(store, "acme", _note("acme", other), audit=audit)  # v3, the injected regression
+    _traffic(atdp, "acme", 3, successes=2)
+    result = watch(store, atdp, "acme", audit=audit)
+    assert (result.status, result.previous_version, result.previous.n) == ("regressed", 1, 12)
+    restored = store.current("acme")
+    assert (restored.version, restored.rollback_of) == (4, 1)  # the last content shown better
+    assert restored.fingerprints == store.get("acme", 1).fingerprints
+
+
 def test_no_rollback_without_a_significant_drop(stores):
     store, atdp, _, audit = stores
     store.put("steady", {})
