@@ -46,16 +46,19 @@ def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _added_tokens(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's added tokens, longest first (none without a `tokenizers` backend)."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return []
+    return sorted({t.content for t in backend.get_added_tokens_decoder().values()}, key=len)[::-1]
+
+
 def _tag(tokenizer: Tokenizer, text: str) -> str:
     """An added token by name (Lark's `<name>`: the one token, never its spelling in bytes;
     llguidance treats every added token as special, whatever its `special` flag), or the
     quoted literal when the tokenizer has no such token."""
-    backend = getattr(tokenizer, "backend", None)
-    if backend is not None:
-        for token in backend.get_added_tokens_decoder().values():
-            if token.content == text:
-                return text
-    return json.dumps(text)
+    return text if text in _added_tokens(tokenizer) else json.dumps(text)
 
 
 def tool_call_rules(tools: Sequence[Mapping[str, Any]], tokenizer: Tokenizer) -> str:
@@ -66,24 +69,14 @@ def tool_call_rules(tools: Sequence[Mapping[str, Any]], tokenizer: Tokenizer) ->
     return f'call_block: {open_tag} "\\n" call "\\n" {close_tag}\ncall: {_json(schema)}\n'
 
 
-def _added_tokens(tokenizer: Tokenizer) -> list[str]:
-    backend = getattr(tokenizer, "backend", None)
-    if backend is None:
-        return []
-    return sorted({t.content for t in backend.get_added_tokens_decoder().values()}, key=len)[::-1]
-
-
 def _literal(text: str, added: Sequence[str]) -> str:
     """`text` as a Lark sequence: its added tokens (e.g. `<action>`) by name, so the reply
     spells them as the one token the model was trained on; the rest as quoted strings."""
     if not added:
         return json.dumps(text)
     pieces = re.split("(" + "|".join(re.escape(t) for t in added) + ")", text)
-    return " ".join(_tag_name(p) if p in added else json.dumps(p) for p in pieces if p)
-
-
-def _tag_name(token: str) -> str:
-    return token if _TAG.fullmatch(token) else json.dumps(token)
+    # Lark names an added token only in its `<...>` form; any other is spelled out
+    return " ".join(p if p in added and _TAG.fullmatch(p) else json.dumps(p) for p in pieces if p)
 
 
 def choice_rule(options: Sequence[str], tokenizer: Tokenizer) -> str:
