@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from serving.common.errors import ApiError
+from serving.common.openai_requests import MAX_REPLY_CHOICES
 from serving.common.tool_specs import check_parameters
 
 SYSTEM_MODES = ("prepend", "replace")
@@ -106,9 +107,6 @@ class PolicyRef:
         return cls(_str(data, "version", path), _str(data, "checkpoint", path))
 
 
-MAX_OPTIONS = 4096  # as a request's own choice list (serving.common.openai_requests)
-
-
 @dataclasses.dataclass(frozen=True)
 class ReplyChoices:
     """Keeps each reply to one of the options the conversation's last user message lists,
@@ -118,8 +116,8 @@ class ReplyChoices:
     pattern: a regular expression with exactly one group, searched in the last user message's
       text; the group is the list. separator: what separates the options in it. template: the
       reply for one option, `{choice}` standing for it (e.g. `<action>{choice}</action>`).
-    A message the pattern does not match, or one listing more than `MAX_OPTIONS`, leaves the
-    reply free.
+    A message the pattern does not match, or one listing more options than a request's own
+    choice list may (`MAX_REPLY_CHOICES`), leaves the reply free.
     """
 
     pattern: str
@@ -147,7 +145,7 @@ class ReplyChoices:
             return None
         options = [o.strip() for o in found.group(1).split(self.separator)]
         options = list(dict.fromkeys(o for o in options if o))
-        return tuple(options) if 0 < len(options) <= MAX_OPTIONS else None
+        return tuple(options) if 0 < len(options) <= MAX_REPLY_CHOICES else None
 
     def replies(self, text: str) -> tuple[str, ...] | None:
         """The replies allowed after a user message `text` (the template around each option)."""
