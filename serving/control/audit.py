@@ -9,13 +9,12 @@ Every line has `time`, `event` (one of `EVENTS`) and `tenant`, then the event's 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from serving.common.jsonl import append_entry, drop_torn_tail
+from serving.common.jsonl import append_entry, drop_torn_tail, read_entries
 from serving.control.store import ControlError
 
 DECISIONS_FILE = "decisions.jsonl"
@@ -53,17 +52,9 @@ class DecisionLog:
     def entries(self, tenant: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
         """Entries oldest first, optionally of one tenant / event (a torn last line is
         skipped: the write it belonged to never returned)."""
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if tenant is not None and entry.get("tenant") != tenant:
-                continue
-            if event is not None and entry.get("event") != event:
-                continue
-            out.append(entry)
-        return out
+        return [
+            entry
+            for entry in read_entries(self.path)
+            if (tenant is None or entry.get("tenant") == tenant)
+            and (event is None or entry.get("event") == event)
+        ]
