@@ -437,7 +437,7 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
             "send one output constraint: 'response_format' or a choice list, not both",
             param="response_format",
         )
-    if choice is not None and tools and tool_choice != "auto" and tool_choice != "none":
+    if choice is not None and forces_tool_call(tools, tool_choice):
         raise bad_request(
             "a choice list constrains the reply text; it cannot be combined with a forced "
             "tool call ('tool_choice' 'required' or a named function)",
@@ -465,6 +465,11 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         choice=choice,
         ignored=ignored,
     )
+
+
+def forces_tool_call(tools: Sequence[Any] | None, tool_choice: str | Mapping[str, str]) -> bool:
+    """Whether `tool_choice` forces a call ("required" or a named function) among `tools`."""
+    return bool(tools) and tool_choice not in ("auto", "none")
 
 
 def parse_reply_choice(body: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from serving.common.errors import ApiError
 from serving.common.ids import opaque_id
 from serving.common.metrics import LATENCY_BUCKETS_S, new_registry
-from serving.common.openai_requests import ChatRequest, CompletionRequest
+from serving.common.openai_requests import ChatRequest, CompletionRequest, forces_tool_call
 from serving.common.responses_requests import ResponsesRequest, with_history
 from serving.control.apply import apply_chat
 from serving.control.canary import CanaryBook
@@ -414,7 +414,7 @@ def _harness_choice(
 ) -> tuple[str, ...] | None:
     """The request's choice list under the composite: the harness's reply choices, unless the
     client constrained the output itself (its own choice list, JSON or a forced tool call)."""
-    forced_call = bool(request.tools) and request.tool_choice not in ("auto", "none")
+    forced_call = forces_tool_call(request.tools, request.tool_choice)
     if replies is None or request.choice is not None or request.response_format or forced_call:
         return request.choice
     return replies
