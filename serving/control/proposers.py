@@ -197,29 +197,36 @@ def propose_skills(
     return out
 
 
-def _reply_example(own: Sequence[TrajectoryFacts]) -> str | None:
-    """A well-formed reply in the env's format, with an action the agent actually took."""
+def _main_env(own: Sequence[TrajectoryFacts]) -> tuple[str, list[TrajectoryFacts], bool] | None:
+    """(the env most of the agent's trajectories played, those trajectories, whether its
+    prompts asked for reasoning), None when none names an env."""
     envs = collections.Counter(f.env for f in own if f.env)
     if not envs:
         return None
     env = envs.most_common(1)[0][0]
-    taken = collections.Counter(a for f in own if f.env == env for a in f.actions if a)
+    played = [f for f in own if f.env == env]
+    return env, played, any(f.task.get("think") for f in played)
+
+
+def _reply_example(own: Sequence[TrajectoryFacts]) -> str | None:
+    """A well-formed reply in the env's format, with an action the agent actually took."""
+    main = _main_env(own)
+    if main is None:
+        return None
+    env, played, think = main
+    taken = collections.Counter(a for f in played for a in f.actions if a)
     action = taken.most_common(1)[0][0] if taken else "look"
-    think = any(f.task.get("think") for f in own if f.env == env)
     return env_class(env).harness.format_reply(action, think=think)
 
 
 def _admissible_choices(own: Sequence[TrajectoryFacts]) -> dict[str, str] | None:
     """The env's `reply_choices` for the prompts the agent was sent (its most common env and
     prompt style), None when that env's prompts list no actions to keep replies to."""
-    envs = collections.Counter(f.env for f in own if f.env)
-    if not envs:
+    main = _main_env(own)
+    if main is None:
         return None
-    env = envs.most_common(1)[0][0]
-    styles = collections.Counter(
-        str(f.task.get("prompt_style", "paper")) for f in own if f.env == env
-    )
-    think = any(f.task.get("think") for f in own if f.env == env)
+    env, played, think = main
+    styles = collections.Counter(str(f.task.get("prompt_style", "paper")) for f in played)
     return env_class(env).harness.reply_choices(style=styles.most_common(1)[0][0], think=think)
 
 
@@ -233,18 +240,18 @@ def propose_harness(analysis: Analysis, base: CompositePolicy) -> list[Candidate
     env_format = [f for f in failed if f.format_errors and f.env]
     tool_format = [f for f in failed if f.format_errors and not f.env]
     example = _reply_example(own)
+    refused = [f for f in failed if f.refused]
     templates = [
         ("format", env_format, "reply_format",
          REPLY_FORMAT.format(example=example) if example else None),
         ("format", tool_format, "tool_call_format", TOOL_CALL_FORMAT),
-        ("refused_action", [f for f in failed if f.refused], "admissible_only", ADMISSIBLE_ONLY),
+        ("refused_action", refused, "admissible_only", ADMISSIBLE_ONLY),
     ]  # fmt: skip
     patches = [
         (kind, showing, template, Patch(instructions=(text,)))
         for kind, showing, template, text in templates
         if showing and text is not None and text not in base.spec.harness.instructions
     ]
-    refused = [f for f in failed if f.refused]
     choices = _admissible_choices(own) if refused else None
     current = base.spec.harness.reply_choices
     if choices is not None and (current is None or current.to_json() != choices):
