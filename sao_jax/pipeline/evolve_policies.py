@@ -59,6 +59,7 @@ class PolicyBook:
         self.sampler = Sampler(base, pad_id=tokenizer.pad_id)
         self._sampler_holds = ""
         self._grammars: GrammarCompiler | None = None  # compiled on the first choice list
+        self._mask_replay: MaskReplay | None = None  # built on the first masked window
 
     def add(self, label: str, model: Transformer, sources: Sequence[str] = ()) -> PolicyRef:
         """Register new weights under `label`, learned from the tenants `sources`; the
@@ -74,6 +75,14 @@ class PolicyBook:
     def vocab_size(self) -> int:
         """The policies' logits width (masks are this wide)."""
         return self.sampler.config.vocab_size
+
+    @property
+    def mask_replay(self) -> MaskReplay:
+        """Rebuilds the grammar masks of calls served under a choice list (one per book: it
+        keeps llguidance's view of the tokenizer, which is slow to build)."""
+        if self._mask_replay is None:
+            self._mask_replay = MaskReplay.from_tokenizer(self.tokenizer, self.vocab_size)
+        return self._mask_replay
 
     def model_for(self, ref: PolicyRef) -> Transformer:
         try:
@@ -121,7 +130,7 @@ class PolicyBook:
         if self._grammars is None:
             self._grammars = GrammarCompiler(
                 self.tokenizer.backend.to_str(),
-                self.sampler.config.vocab_size,
+                self.vocab_size,
                 tuple(self.tokenizer.stop_ids),
             )
         constraint = self._grammars.compile(grammar)
@@ -169,7 +178,7 @@ class WindowTrainer:
         groups, used = [], 0
         # calls sampled under a grammar mask (a harness's reply choices) train with the masked
         # ratio: their masks are rebuilt from the recorded grammar first
-        replay = MaskReplay.from_tokenizer(self.book.tokenizer, self.book.vocab_size)
+        replay = self.book.mask_replay
         for trajectory in trajectories:
             rows, _ = trajectory_rows(replay.view(training_view(trajectory)), "windowed")
             rows = [r for r in rows if r.length <= self.seq_len]
