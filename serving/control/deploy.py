@@ -233,7 +233,7 @@ def watch(
     # and replaced before any session ran it is skipped), else the parent
     earlier = [canary.baseline] if in_canary else _ancestors(store, tenant, current)
     if current.version == 0 or not earlier:
-        previous = canary.baseline if in_canary else current.parent
+        previous = earlier[0] if earlier else None
         result = WatchResult(tenant, "no_previous", current.version, previous)
         return _watched(result, audit)
     try:

@@ -448,7 +448,7 @@ class GenerationEngine:
                 sent=request.continued_chars,
             )
             slot = Slot(handle, stop_ids, tracker, admitted_at=now)
-            if handle.request.think_budget is not None and self._think_ids is not None:
+            if request.think_budget is not None and self._think_ids is not None:
                 slot.start_budget(self._think_ids)
             self._slots[index] = slot
             self.metrics.queue_seconds.observe(now - handle.submitted_at)
