@@ -31,19 +31,25 @@ def test_tiny_tokenizer_is_deterministic_and_lossless():
     assert TOKENIZER.eos_id == TOKENIZER.token_to_id("<|im_end|>")
 
 
-def stream(text: str, stop=(), chunk=3, stop_token=False):
-    """Feed `text` token by token in chunks through a TextTracker; returns (emitted, keep, hit)."""
-    ids = TOKENIZER.encode(text) + ([TOKENIZER.eos_id] if stop_token else [])
-    tracker = TextTracker(TOKENIZER, stop, STOP_IDS)
+def feed(tracker: TextTracker, ids: list[int], chunk: int, *, finish: bool = True):
+    """Feed `ids` through `tracker` in growing prefixes, `chunk` ids more each time (the last
+    one finished when `finish`); returns (emitted, kept ids, stop hit or None)."""
     emitted, out = "", []
     for begin in range(0, len(ids), chunk):
         out = ids[: begin + chunk]
-        finished = begin + chunk >= len(ids)
-        delta, keep, hit = tracker.update(out, finished)
+        delta, keep, hit = tracker.update(out, finish and begin + chunk >= len(ids))
         emitted += delta
         if keep is not None:
-            return emitted, out[:keep], hit, tracker.final_text(out[:keep])
-    return emitted, out, None, tracker.final_text(out)
+            return emitted, out[:keep], hit
+    return emitted, out, None
+
+
+def stream(text: str, stop=(), chunk=3, stop_token=False):
+    """Feed `text` through a fresh TextTracker; returns (emitted, kept ids, hit, final text)."""
+    ids = TOKENIZER.encode(text) + ([TOKENIZER.eos_id] if stop_token else [])
+    tracker = TextTracker(TOKENIZER, stop, STOP_IDS)
+    emitted, kept, hit = feed(tracker, ids, chunk)
+    return emitted, kept, hit, tracker.final_text(kept)
 
 
 @given(st.text(alphabet="abc xyz.\n", min_size=1, max_size=60))
@@ -102,14 +108,7 @@ def test_emitted_text_is_always_the_decode_of_kept_tokens(text, stops, chunk, st
 def test_random_token_ids_emit_exactly_their_decode(ids, stops, chunk):
     """What a random model samples: byte tokens that need not form valid UTF-8."""
     tracker = TextTracker(TOKENIZER, tuple(stops), STOP_IDS)
-    emitted, kept = "", ids
-    for begin in range(0, len(ids), chunk):
-        out = ids[: begin + chunk]
-        delta, keep, _ = tracker.update(out, begin + chunk >= len(ids))
-        emitted += delta
-        if keep is not None:
-            kept = out[:keep]
-            break
+    emitted, kept, _ = feed(tracker, ids, chunk)
     assert emitted == tracker.final_text(kept) == TOKENIZER.decode(kept)
 
 
@@ -129,26 +128,14 @@ def test_a_reply_continued_on_another_worker_emits_what_one_worker_would(text, s
     whole, _, _, final = stream(text, stop=tuple(stops), chunk=chunk)
     cut = data.draw(st.integers(1, len(ids) - 1))
     first = TextTracker(TOKENIZER, tuple(stops), STOP_IDS)
-    emitted, keep = "", None
-    for begin in range(0, cut, chunk):  # the first worker, never finished
-        delta, keep, _ = first.update(ids[: min(begin + chunk, cut)], finished=False)
-        emitted += delta
-        if keep is not None:
-            break
-    if keep is not None:  # it stopped on a stop string before it died: nothing to continue
+    emitted, _, hit = feed(first, ids[:cut], chunk, finish=False)  # the first worker dies
+    if hit is not None:  # it stopped on a stop string before it died: nothing to continue
         assert emitted == whole
         return
     second = TextTracker(TOKENIZER, tuple(stops), STOP_IDS, prefix=ids[:cut], sent=len(emitted))
-    rest, out = ids[cut:], []
-    for begin in range(0, len(rest), chunk):
-        out = rest[: begin + chunk]
-        delta, keep, _ = second.update(out, begin + chunk >= len(rest))
-        emitted += delta
-        if keep is not None:
-            out = out[:keep]
-            break
-    assert emitted == whole == final
-    assert second.final_text(out) == final
+    rest_text, kept, _ = feed(second, ids[cut:], chunk)
+    assert emitted + rest_text == whole == final
+    assert second.final_text(kept) == final
 
 
 def test_special_tokens_in_a_reply_are_returned_as_text():
