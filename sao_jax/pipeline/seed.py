@@ -28,12 +28,19 @@ from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.evaluation import evaluate_policy
 from sao_jax.pipeline.job import Job
-from sao_jax.pipeline.relabel import relabel_all
+from sao_jax.pipeline.relabel import relabel_all, relabel_with_expert
 from sao_jax.pipeline.setup import Run
 from sao_jax.pipeline.summary import CURVE_KEYS, success_key
-from sao_jax.seed import SeedLearner, label_and_store, make_analyzer, write_skills
+from sao_jax.seed import (
+    SeedLearner,
+    label_and_store,
+    make_analyzer,
+    skill_block_ids,
+    write_skills,
+)
 from sao_jax.seed.analyzers import RuleBasedAnalyzer
 from sao_jax.seed.config import SeedConfig
+from sao_jax.seed.skill_acting import with_skill_in_context
 from sao_jax.train import BehaviourCloner, Learner, get_algorithm
 
 SFT_PLAY, SEED_SFT, SKILLS = "seed_play", "seed_sft", "skills"
@@ -84,7 +91,7 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
         tokenizer=run.tokenizer,
         env=config.env.name,
     )
-    labelled = label_and_store(
+    labelled, skills = label_and_store(
         run.store, played, analyzer, run.tokenizer, tenant=sft, max_actions=spec.max_actions
     )
     acting = []
@@ -99,9 +106,13 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
             tenant=sft,
             expert=config.env.expert,
         )
+    with_skill = skill_acting_data(run, played, skills, tenant=sft) if spec.sft_skill_acting else []
+    if acting or with_skill:
         with run.store.writer(sft) as writer:
-            writer.append(acting)
-    loader = run.loader(SEED_SFT, rows=config.warm_start.rows, seq_len=config.warm_start.seq_len)
+            writer.append([*acting, *with_skill])
+    # the same row length on every process (a cloning step spans them all)
+    seq_len = config.warm_start.seq_len + (spec.max_skill_tokens if spec.sft_skill_acting else 0)
+    loader = run.loader(SEED_SFT, rows=config.warm_start.rows, seq_len=seq_len)
     cloner = BehaviourCloner(
         run.policy,
         dataclasses.replace(config.warm_start.optimizer, learning_rate=spec.sft_learning_rate),
@@ -121,16 +132,46 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
     with bar:
         cloner.run(iter(loader.epoch(seed=config.seed, num_epochs=None)), spec.sft_steps, report)
     run.policy = cloner.policy_module()
-    skills, acted = allgather_numbers([labelled["skills"], len(acting)]).sum(axis=0)
+    skills, acted, with_skilled = allgather_numbers(
+        [labelled["skills"], len(acting), len(with_skill)]
+    ).sum(axis=0)
     stats = {
         "sft_played_episodes": played_stats["episodes"],
         "sft_played_success": played_stats["success_rate"],
         "sft_skills": float(skills),  # over every process
         "sft_acting_episodes": int(acted),
+        "sft_skill_acting_episodes": int(with_skilled),
         "sft_seconds": time.perf_counter() - start,
     }
     log.write(run.step, {f"sft/{k}": v for k, v in stats.items()})
     return stats
+
+
+def skill_acting_data(run: Run, played, skills, *, tenant: str) -> list:
+    """Acting turns with a skill in context: each played episode that got a skill, relabelled
+    by `hindsight.sft_skill_expert` in the states the policy reached, every prompt prefixed with
+    that skill's block (`sao_jax.seed.skill_acting`)."""
+    spec, config = run.config.hindsight, run.config
+    by_episode = {s.trajectory_id: s for s in skills}
+    out = []
+    for trajectory in played:
+        skill = by_episode.get(trajectory.trajectory_id)
+        if skill is None:
+            continue
+        relabelled = relabel_with_expert(
+            trajectory,
+            run.tokenizer,
+            think=config.rollout.think,
+            max_new_tokens=config.rollout.max_new_tokens,
+            tenant=tenant,
+            expert=spec.sft_skill_expert,
+        )
+        if relabelled is not None:
+            block = skill_block_ids(run.tokenizer, skill.text)
+            out.append(
+                with_skill_in_context(relabelled, block, max_skill_tokens=spec.max_skill_tokens)
+            )
+    return out
 
 
 def _to_tenant(trajectory, tenant: str):

@@ -35,6 +35,13 @@ class SeedConfig:
         preset's cloned policy 34 unseen points before any RL step, at 1e-4 11, at 3e-5 4).
       sft_acting: also fine-tune on acting data in stage 1 (won episodes as played, lost ones
         relabelled by the expert); False trains on the skills (analysing) only.
+      sft_skill_acting: also fine-tune on acting turns with the episode's skill block in
+        context (`skill_acting`): every played episode relabelled by `sft_skill_expert`, each
+        prompt prefixed with its skill's block as stage 2 injects it, so the policy learns to
+        read a skill; the loader's rows grow by `max_skill_tokens`.
+      sft_skill_expert: the expert that labels those turns: one that acts on what the skill
+        states ("oracle": ALFWorld's planner, whose procedure and object locations the
+        rule-based skill states).
       opd_analyzer: stage-2 analyzer: "self_policy" (SEED) or "rule" / "openai".
       max_skill_tokens: skill-block budget of re-scored rows (S); a rule-based skill keeps
         its most important sentences that fit it (the ALFWorld rules' skills take 30-150
@@ -56,6 +63,8 @@ class SeedConfig:
     sft_steps: int = 60
     sft_learning_rate: float = 3e-5
     sft_acting: bool = True
+    sft_skill_acting: bool = False
+    sft_skill_expert: str = "oracle"
     opd_analyzer: str = "self_policy"
     max_skill_tokens: int = 128
     max_skill_new_tokens: int = 96

@@ -25,6 +25,16 @@ _SHIFTED_KEYS = ("tokens", "loss_mask", "rollout_logp", "rewards", "versions", "
 _FILL = {"versions": -1, "sample_temperature": 1.0, "sample_top_p": 1.0, "mask_index": -1}
 
 
+def fit_block(ids: list[int], max_skill_tokens: int) -> tuple[list[int], bool]:
+    """A skill block within `max_skill_tokens` = S: a longer one keeps its first S - 2 and last
+    2 tokens (the closing chat markers). Returns (ids, whether it was cut)."""
+    if max_skill_tokens < 4:
+        raise ValueError(f"max_skill_tokens must be >= 4, got {max_skill_tokens}")
+    if len(ids) <= max_skill_tokens:
+        return list(ids), False
+    return [*ids[: max_skill_tokens - 2], *ids[-2:]], True
+
+
 def skill_injected_batch(
     batch: Mapping[str, np.ndarray],
     block_ids: Mapping[int, list[int]],
@@ -36,8 +46,8 @@ def skill_injected_batch(
       batch: an `atdp_io` loader batch ([R, T] arrays, `traj_index` [R]).
       block_ids: token ids of the skill block per `traj_index` (rows of trajectories without
         one are only shifted).
-      max_skill_tokens: S, the block budget; longer blocks keep their first S - 2 and last 2
-        tokens (the closing chat markers), counted in `truncated`.
+      max_skill_tokens: S, the block budget; longer blocks are cut by `fit_block`, counted in
+        `truncated`.
     Returns:
       (batch [R, S + T] with the same keys, stats: `truncated`, `block_tokens_mean`).
     """
@@ -64,8 +74,8 @@ def skill_injected_batch(
         ids = block_ids.get(int(k))
         if ids is None or not np.any(segment[r] > 0):
             continue
-        if len(ids) > skill:
-            ids, truncated = [*ids[: skill - 2], *ids[-2:]], truncated + 1
+        ids, cut = fit_block(ids, skill)
+        truncated += cut
         n = len(ids)
         out["tokens"][r, skill - n : skill] = ids
         out["segment_ids"][r, skill - n : skill] = 1

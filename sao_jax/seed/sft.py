@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from atdp_io import AtdpStore, EventKind, Trajectory
-from sao_jax.seed.analyzers import Analyzer
+from sao_jax.seed.analyzers import Analyzer, Skill
 from sao_jax.seed.bank import SKILLS_TENANT, write_skills
 from sao_jax.seed.records import EpisodeRecord, from_trajectory
 from sao_jax.tokenizers import Tokenizer
@@ -37,24 +37,28 @@ def label_and_store(
     tenant: str = SKILLS_TENANT,
     max_actions: int = 12,
     batch_size: int = 64,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[Skill]]:
     """Analyse every episode (in batches of `batch_size`) and append its skill to `tenant`.
 
-    Returns counters: `episodes`, `skills`, `skipped` (no LLM call), `success_skills`.
+    Returns counters (`episodes`, `skills`, `skipped` (no LLM call), `success_skills`) and the
+    skills, one per analysed episode (`Skill.trajectory_id` names it).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     records, skipped = episode_records(trajectories)
     written = successes = 0
+    skills: list[Skill] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        skills = analyzer.analyze(chunk)
-        written += len(write_skills(store, chunk, skills, tokenizer, tenant=tenant,
+        labels = analyzer.analyze(chunk)
+        written += len(write_skills(store, chunk, labels, tokenizer, tenant=tenant,
                                     max_actions=max_actions))  # fmt: skip
-        successes += sum(s.success for s in skills)
-    return {
+        successes += sum(s.success for s in labels)
+        skills.extend(labels)
+    counters = {
         "episodes": float(len(records) + skipped),
         "skills": float(written),
         "skipped": float(skipped),
         "success_skills": float(successes),
     }
+    return counters, skills

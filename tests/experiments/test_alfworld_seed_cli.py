@@ -12,7 +12,8 @@ from sao_jax.distributed.local_launch import launch_local
 from sao_jax.losses import SKILL_KINDS
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.seed import SeedExperimentConfig
-from sao_jax.seed import load_skills
+from sao_jax.pipeline.setup import build_tokenizer
+from sao_jax.seed import load_skills, skill_block_ids
 
 REPO = Path(__file__).parents[2]
 MICRO = [
@@ -29,7 +30,8 @@ MICRO = [
 
 @pytest.mark.slow
 def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
-    summary = alfworld_seed.main([*MICRO, "--out", str(tmp_path)])
+    argv = [*MICRO, "hindsight.sft_skill_acting=true", "--out", str(tmp_path)]
+    summary = alfworld_seed.main(argv)
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert (
         saved["algorithm"] == "sao_seed" and saved["policy_steps"] == summary["policy_steps"] == 1
@@ -37,6 +39,7 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
     for key in ("unseen_success_start", "unseen_success_end", "seen_success_end", "wall_seconds"):
         assert saved[key] is not None, key
     assert saved["seed_sft_skills"] == 2 and saved["seed_sft_acting_episodes"] >= 1
+    assert saved["seed_sft_skill_acting_episodes"] >= 1
     # stage 1 alone is evaluated like the start and the end, before any RL step
     for split in ("unseen", "seen"):
         assert 0 <= saved[f"{split}_success_after_sft"] <= 1, split
@@ -57,6 +60,18 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
     store = AtdpStore.open(str(tmp_path / "atdp"), create=False)
     stage1 = load_skills(store, tenant="seed_sft")
     assert len(stage1) == 2 and {s.skill.analyzer for s in stage1} == {"rule_alfworld"}
+    # acting turns with the skill in context: each prompt opens with its episode's skill block
+    reader = store.reader("seed_sft", principal="seed_sft")
+    reader.refresh()
+    word = build_tokenizer(alfworld_seed.parse(MICRO))
+    blocks = {s.skill.trajectory_id: skill_block_ids(word, s.skill.text) for s in stage1}
+    with_skill = [reader.read(i) for i in reader.trajectory_ids() if i.endswith("-skill")]
+    assert len(with_skill) == saved["seed_sft_skill_acting_episodes"]
+    for trajectory in with_skill:
+        (source,) = trajectory.header.derived_from
+        block = blocks[source.trajectory_id]
+        calls = [e.llm for e in trajectory.events if e.llm is not None]
+        assert calls and all(c.input_ids[: len(block)].tolist() == block for c in calls)
     stage2 = load_skills(store, tenant="skills")
     assert stage2 and {s.skill.analyzer for s in stage2} == {"self_policy"}
 

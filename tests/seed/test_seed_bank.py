@@ -90,10 +90,11 @@ def test_memory_block_for_serving(store):
 def test_stage_one_data_is_nll_on_skill_tokens_given_the_episode(store):
     tokenizer = word_tokenizer()
     trajectories = demo_trajectories(store)
-    stats = label_and_store(
+    stats, skills = label_and_store(
         store, trajectories, RuleBasedAlfworldAnalyzer(), tokenizer, tenant="sft", batch_size=3
     )
     assert stats["skills"] == len(trajectories) and stats["skipped"] == 0
+    assert [s.trajectory_id for s in skills] == [t.trajectory_id for t in trajectories]
     batch = first_batch(store, tenant="sft", rows=8, seq_len=320)
     # the episode each stored skill was written about
     about = {s.skill.text: s.skill.trajectory_id for s in load_skills(store, tenant="sft")}
