@@ -21,6 +21,7 @@ sentence of a kind, e.g. no failed command, is left out of that kind). Also writ
 
     python benchmarks/seed_skill_gap.py run_dir=runs/alfworld_sao/X [episodes=64]
         [split=train] [max_skill_tokens=128] [out_dir=/tmp/seed_skill_gap]
+        [policy_dir=runs/alfworld_seed/Y/checkpoints]   # another policy of the same model
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ LABELS = ("correct", "wrong")
 class GapConfig:
     """Attributes:
     run_dir: the run whose cloned policy (`warm_start/`) and config (`config.yaml`) are used.
+    policy_dir: measure this policy instead of the cloned one: a checkpoint directory of a run
+        of the same model (e.g. a SEED run's `checkpoints/`, after stage 1 and RL); its latest
+        step's `policy` is restored.
     episodes: episodes the policy plays (greedy or sampled as the run's rollout config says).
     split: the env split they are played on.
     max_skill_tokens: S, the skill-block budget (the rule analyzer keeps what fits).
@@ -51,6 +55,7 @@ class GapConfig:
     """
 
     run_dir: str = ""
+    policy_dir: str = ""
     episodes: int = 64
     split: str = "train"
     max_skill_tokens: int = 128
@@ -100,7 +105,8 @@ def action_labels_of(batch, records, rules) -> np.ndarray:
 
 def measure(config: GapConfig) -> dict:
     from sao_jax.checkpoint import Checkpointer, checkpoint_directory
-    from sao_jax.pipeline.setup import WARM_START_DIR, Run
+    from sao_jax.pipeline.lengths import sized_config
+    from sao_jax.pipeline.setup import WARM_START_DIR, Run, build_tokenizer
     from sao_jax.rollout import WeightPublisher
     from sao_jax.seed import from_batch, hindsight_rules, with_task_specs
     from sao_jax.seed.kinds import check_pairs
@@ -126,8 +132,11 @@ def measure(config: GapConfig) -> dict:
         progress=False,
         tensorboard=False,
     )
+    # row lengths left at 0 (the presets) are sized as the experiment sizes them
+    experiment = sized_config(experiment, build_tokenizer(experiment))
     run = Run(experiment)
-    with Checkpointer(checkpoint_directory(run_dir) / WARM_START_DIR, create=False) as saved:
+    policy_dir = checkpoint_directory(config.policy_dir or run_dir / WARM_START_DIR)
+    with Checkpointer(policy_dir, create=False) as saved:
         run.policy = saved.restore({"policy": run.policy}).items["policy"]
     tokenizer = run.tokenizer
     publisher = WeightPublisher()
