@@ -55,6 +55,15 @@ class SeedExperimentConfig(ExperimentConfig):
 
     hindsight: SeedConfig = dataclasses.field(default_factory=SeedConfig)
 
+    def __post_init__(self):
+        super().__post_init__()
+        experts = self.env.env_class.experts
+        if self.hindsight.sft_skill_acting and self.hindsight.sft_skill_expert not in experts:
+            raise ValueError(
+                f"hindsight.sft_skill_expert must be one of {experts} for env "
+                f"{self.env.name!r}, got {self.hindsight.sft_skill_expert!r}"
+            )
+
 
 def with_seed(base: ExperimentConfig, hindsight: SeedConfig) -> SeedExperimentConfig:
     """`base` with SEED: `hindsight` and the SAO + SEED algorithm."""

@@ -115,6 +115,13 @@ def test_bad_seed_overrides_are_named(capsys):
     with pytest.raises(SystemExit):
         alfworld_seed.parse(["--config", "micro", "learner.algorithm=seed"])
     assert "unknown algorithm 'seed'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alfworld_seed.parse(
+            ["--config", "micro", "hindsight.sft_skill_acting=true", "hindsight.sft_skill_expert=x"]
+        )
+    assert "hindsight.sft_skill_expert must be one of ('search', 'oracle')" in (
+        capsys.readouterr().err
+    )
 
 
 def test_compare_algos_gives_seed_algorithms_a_seed_config(tmp_path):
