@@ -105,8 +105,7 @@ def action_labels_of(batch, records, rules) -> np.ndarray:
 
 def measure(config: GapConfig) -> dict:
     from sao_jax.checkpoint import Checkpointer, checkpoint_directory
-    from sao_jax.pipeline.lengths import sized_config
-    from sao_jax.pipeline.setup import WARM_START_DIR, Run, build_tokenizer
+    from sao_jax.pipeline.setup import WARM_START_DIR, Run
     from sao_jax.rollout import WeightPublisher
     from sao_jax.seed import from_batch, hindsight_rules, with_task_specs
     from sao_jax.seed.kinds import check_pairs
@@ -132,9 +131,8 @@ def measure(config: GapConfig) -> dict:
         progress=False,
         tensorboard=False,
     )
-    # row lengths left at 0 (the presets) are sized as the experiment sizes them
-    experiment = sized_config(experiment, build_tokenizer(experiment))
     run = Run(experiment)
+    experiment = run.config  # row lengths left at 0 (the presets) sized as the experiment does
     policy_dir = checkpoint_directory(config.policy_dir or run_dir / WARM_START_DIR)
     with Checkpointer(policy_dir, create=False) as saved:
         run.policy = saved.restore({"policy": run.policy}).items["policy"]
