@@ -21,7 +21,9 @@ included) vs `True` (the rows' real tokens packed into as few rows of T as hold 
 `episodes` rollout episodes an `experiments.alfworld_sao` run recorded (tenant `rollouts`,
 windowed rows as its RL phase reads them). Both are
 compiled first, then timed alternately; the best of `repeats` is reported with the ratio, the
-share of head positions that carry a gradient, and the machine load.
+share of head positions that carry a gradient, XLA's scratch memory of the iteration (the
+compiled programs' `temp_size_in_bytes`: its peak on top of parameters, optimizer states and
+batch), and the machine load.
 
     python benchmarks/learner_throughput.py [rows=128] [seq_len=256] [repeats=3] [compare=heads]
 """
@@ -150,6 +152,33 @@ def iteration_flops(learner, batch: dict[str, np.ndarray]) -> float:
     return total
 
 
+def iteration_temp_bytes(learner, batch: dict[str, np.ndarray]) -> float:
+    """XLA's scratch memory for one iteration (the compiled programs' `temp_size_in_bytes`;
+    the largest of the step-by-step programs, which run one after the other): the learner's
+    peak on top of its parameters, optimizer states and batch."""
+    host = learner._host_batch(batch, compact=learner.config.pack_rows)
+    device_batch = learner.placement.put_batch(host)
+    fns = learner._functions(device_batch, learner._action_capacity(host))
+    policy = (learner.policy_params, learner._policy_frozen)
+    critic = (learner.critic_params, learner._critic_frozen)
+    if learner.config.fused_iteration:
+        args = (*policy, learner.policy_opt_state, *critic, learner.critic_opt_state)
+        programs = [(fns["iteration"], (*args, device_batch))]
+    else:
+        prepared = fns["prepare"](*policy, *critic, device_batch)
+        for_policy = (prepared["advantages"], prepared["behaviour_logp"])
+        for_critic = (prepared["returns"], prepared["values"])
+        programs = [
+            (fns["prepare"], (*policy, *critic, device_batch)),
+            (fns["policy"], (*policy, learner.policy_opt_state, device_batch, *for_policy)),
+            (fns["critic"], (*critic, learner.critic_opt_state, device_batch, *for_critic)),
+        ]
+    return max(
+        float(fn.lower(*args).compile().memory_analysis().temp_size_in_bytes)
+        for fn, args in programs
+    )
+
+
 def head_position_count(learner, batch: dict[str, np.ndarray], rows: int, length: int) -> int:
     """Positions the LM head and the value head run at in one of `learner`'s iterations."""
     capacity = learner._action_capacity(
@@ -228,6 +257,7 @@ def main(argv: list[str]) -> None:
         learner.iteration(batch)  # compiles
         print(f"{where}: first iteration (compile) {time.perf_counter() - start:.1f} s", flush=True)
     flops = {where: iteration_flops(learner, batch) for where, learner in learners.items()}
+    temp = {where: iteration_temp_bytes(learner, batch) for where, learner in learners.items()}
     times: dict[str, list[float]] = {where: [] for where in learners}
     loads = []
     for _ in range(config.repeats):
@@ -241,15 +271,16 @@ def main(argv: list[str]) -> None:
     label = {"heads": "heads at", "fused": "iteration", "pack": "rows"}[config.compare]
     print(
         f"\n| {label:9} | backbone positions | real tokens | head positions | with signal | "
-        f"GFLOP / iteration | s / iteration (best of {config.repeats}) |"
+        f"GFLOP / iteration | XLA temp (MB) | s / iteration (best of {config.repeats}) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for where in learners:
         share = num_actions / head_positions[where]
         print(
             f"| {where:9} | {backbone_positions[where]:18,} | "
             f"{real_tokens / backbone_positions[where]:10.1%} | {head_positions[where]:14,} | "
-            f"{share:10.1%} | {flops[where] / 1e9:17.1f} | {best[where]:11.3f} |"
+            f"{share:10.1%} | {flops[where] / 1e9:17.1f} | {temp[where] / 1e6:13,.0f} | "
+            f"{best[where]:11.3f} |"
         )
     print()
     for other in list(learners)[1:]:

@@ -183,11 +183,20 @@ def _block_swiglu(rows: jax.Array, expert: jax.Array, weights: ExpertWeights) ->
 def _run_blocks_scan(
     blocks: jax.Array, owner: jax.Array, num_used: jax.Array, weights: ExpertWeights
 ) -> jax.Array:
-    """Differentiable: a scan over every block slot, unused ones skipped by lax.cond."""
+    """Differentiable: a scan over every block slot, unused ones skipped by lax.cond.
+
+    Each block is rematerialised in the backward pass (`jax.checkpoint`): the scan then saves
+    only its inputs, not every slot's [b, F] hidden states, whose stacked copies were the
+    largest part of a training step's peak memory with skewed routing.
+    """
+
+    @jax.checkpoint
+    def block(rows, expert):
+        return _block_swiglu(rows, expert, weights)
 
     def one_block(_, inputs):
         rows, expert, used = inputs
-        out = jax.lax.cond(used, lambda r: _block_swiglu(r, expert, weights), jnp.zeros_like, rows)
+        out = jax.lax.cond(used, lambda r: block(r, expert), jnp.zeros_like, rows)
         return None, out
 
     used = jnp.arange(blocks.shape[0]) < num_used
