@@ -325,7 +325,10 @@ def parse_cli(
       argv: arguments without the program name (None: `sys.argv[1:]`).
       presets: name -> config instance, all of one dataclass type, the first the default; or
         a dataclass class, whose field defaults are the only preset.
-      save: write `out_dir/config.yaml` when presets are given and the config has `out_dir`.
+      save: write `out_dir/config.yaml` when presets are given and the config has `out_dir`;
+        an `out_dir` that already holds files of a run (anything besides config.yaml) is
+        refused unless the config's `resume` is set (which loads the saved config, with the
+        command line's settings on top).
       exit_on_error: print the error and exit with status 2 (as argparse does) instead of
         raising ConfigError.
     Raises:
@@ -414,7 +417,18 @@ def _parse(
         return config
     out_dir = getattr(config, OUT_FIELD, None)
     saved = Path(out_dir) / CONFIG_FILE if out_dir else None
-    if getattr(config, RESUME_FIELD, False) and saved is not None and saved.is_file():
+    resume = getattr(config, RESUME_FIELD, False)
+    earlier = _earlier_run_files(saved) if save and not resume and saved is not None else []
+    if earlier:
+        # a fresh run there would add its episodes, checkpoints and metrics to the earlier
+        # run's (or fail half-way on an ATDP id that exists): refuse before touching anything.
+        # A directory holding only config.yaml (a command refused before it ran) is reused.
+        hint = "continue it with --resume, " if hasattr(config, RESUME_FIELD) else ""
+        raise ConfigError(
+            f"{out_dir} already holds a run ({', '.join(earlier)}); {hint}choose another "
+            "--out, or delete the directory to start over"
+        )
+    if resume and saved is not None and saved.is_file():
         saved_preset = _saved_preset(saved)
         if line.preset and saved_preset and line.preset != saved_preset:
             raise ConfigError(
@@ -429,6 +443,15 @@ def _parse(
         header = [f"preset: {name}", f"overrides: {' '.join(overrides) or '(none)'}"]
         saved.write_text(config_to_yaml(config, header))
     return config
+
+
+def _earlier_run_files(saved: Path, shown: int = 4) -> list[str]:
+    """What the run directory of `saved` (its config.yaml) holds besides that file, sorted
+    (the first `shown` names, then how many more)."""
+    if not saved.parent.is_dir():
+        return []
+    names = sorted(p.name for p in saved.parent.iterdir() if p.name != saved.name)
+    return names[:shown] + ([f"{len(names) - shown} more"] if len(names) > shown else [])
 
 
 def _saved_preset(path: Path) -> str | None:

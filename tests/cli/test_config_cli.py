@@ -2,6 +2,7 @@
 
 import dataclasses
 import enum
+import tempfile
 from typing import Literal
 
 import pytest
@@ -64,7 +65,8 @@ PRESETS = {
 
 def parse(argv, tmp_path=None, **kwargs):
     if tmp_path is not None and not any(a.startswith("--out") for a in argv):
-        argv = ["--out", str(tmp_path / "run"), *argv]
+        # a fresh directory per call: one that holds a run is refused without --resume
+        argv = ["--out", tempfile.mkdtemp(dir=tmp_path), *argv]
     return parse_cli(argv, PRESETS, exit_on_error=False, **kwargs)
 
 
@@ -72,7 +74,8 @@ def test_default_preset_and_named_preset(tmp_path):
     assert parse([], tmp_path).policy_steps == 100
     small = parse(["--config", "small"], tmp_path)
     assert (small.policy_steps, small.model.width) == (1000, 256)
-    assert parse(["--config=small"], tmp_path) == small
+    named = parse(["--config=small"], tmp_path)
+    assert dataclasses.replace(named, out_dir=small.out_dir) == small
 
 
 def test_typed_nested_overrides(tmp_path):
@@ -106,6 +109,20 @@ def test_out_writes_resolved_config_yaml(tmp_path):
     assert text.startswith("# preset: tiny\n# overrides: out_dir=")
     assert "policy_steps=7" in text.splitlines()[1]
     assert load_config(tmp_path / "x" / "config.yaml", PRESETS["tiny"]) == config
+
+
+def test_a_fresh_run_into_a_directory_that_holds_one_is_refused_and_changes_nothing(tmp_path):
+    out = str(tmp_path / "run")
+    parse(["--out", out, "seed=5"])
+    # only config.yaml (a command refused before it ran): a corrected command reuses the dir
+    assert parse(["--out", out, "seed=6"]).seed == 6
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')  # the run went on
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"already holds a run \(metrics.jsonl\).*--resume"):
+        parse(["--out", out, "seed=7"])
+    assert (tmp_path / "run" / "config.yaml").read_text() == saved  # not overwritten
+    assert parse(["--out", out, "--resume"]).seed == 6  # resuming it is what works
+    assert parse(["--out", out], save=False).seed == 0  # reading without writing is allowed
 
 
 def test_resume_starts_from_the_saved_config(tmp_path):
