@@ -6,9 +6,12 @@ loads it with `load_hf_qwen3_moe`, and measures side by side in one run:
 - greedy generation tokens/s, `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens
   each (ours: `Sampler.generate`; theirs: `model.generate(do_sample=False)`).
 Compilation and torch warm-up are excluded (one untimed run each). Prints the ratios and how
-many greedy tokens agree.
+many greedy tokens agree. `parts=true` also times the forward's parts side by side on the same
+[batch, seq_len] activations -- the backbone (embedding, layers, final norm), the LM head, one
+attention block and one MoE block (router + experts), and the four MoE blocks chained -- to
+show where one framework's forward loses to the other's.
 
-    python benchmarks/model_vs_hf.py [batch=8] [new_tokens=128] [repeats=5]
+    python benchmarks/model_vs_hf.py [batch=8] [new_tokens=128] [repeats=5] [parts=false]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class BenchConfig:
     threads: 0 = each framework's default (all cores); n > 0 = n intra-op threads for both
     (use threads=1 under `taskset -c 0` when other jobs share the machine: oversubscribed
     OpenMP threads make torch's multi-threaded timings meaningless).
+    parts: also time the forward's parts (backbone, LM head, attention, MoE) side by side.
     """
 
     layers: int = 4
@@ -56,6 +60,7 @@ class BenchConfig:
     new_tokens: int = 128
     repeats: int = 5
     threads: int = 0
+    parts: bool = False
 
 
 def best_times(fns: dict, repeats: int) -> dict[str, float]:
@@ -70,6 +75,81 @@ def best_times(fns: dict, repeats: int) -> dict[str, float]:
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
+
+
+def part_times(cfg: BenchConfig, ours, theirs, ids: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Best seconds of each part of the forward, (ours, theirs), on the same inputs: token ids
+    for the backbone, random [batch, seq_len, d_model] activations for the rest."""
+    from transformers.masking_utils import create_causal_mask
+
+    from sao_jax.models.layers import attention_context
+
+    b, t = ids.shape
+    hidden = np.random.default_rng(1).standard_normal((b, t, cfg.d_model)).astype(np.float32)
+    graphdef, params = nnx.split(ours)
+
+    def jitted(fn):
+        compiled = jax.jit(lambda p, x: fn(nnx.merge(graphdef, p), x))
+        return lambda x: lambda: jax.block_until_ready(compiled(params, x))
+
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    valid = jnp.ones((b, t), bool)
+
+    def attention(model, x):
+        ctx = attention_context(
+            positions,
+            jnp.ones((b, t), jnp.int32),
+            head_dim=model.config.head_dim,
+            rope_theta=model.config.rope_theta,
+        )
+        return model.layers[0].attn(x, ctx, None)[0]
+
+    def moe_chain(model, x):
+        for layer in model.layers:
+            x = layer.moe(x, valid)[0]
+        return x
+
+    h_jax, h_torch = jnp.asarray(hidden), torch.tensor(hidden)
+    ids_jax, ids_torch = jnp.asarray(ids), torch.tensor(ids, dtype=torch.long)
+    position_ids = torch.arange(t)[None].expand(b, t)
+    rope = theirs.model.rotary_emb(h_torch, position_ids=position_ids)
+    mask = create_causal_mask(
+        config=theirs.config,
+        inputs_embeds=h_torch,
+        attention_mask=torch.ones(b, t, dtype=torch.long),
+        cache=None,
+        position_ids=position_ids,
+    )
+    first = theirs.model.layers[0]
+
+    def torch_moe_chain():
+        x = h_torch
+        for layer in theirs.model.layers:
+            x = layer.mlp(x)
+        return x
+
+    parts = {
+        "backbone": (
+            jitted(lambda m, x: m.forward(x).hidden)(ids_jax),
+            lambda: theirs.model(ids_torch).last_hidden_state,
+        ),
+        "LM head": (jitted(lambda m, x: m.logits(x))(h_jax), lambda: theirs.lm_head(h_torch)),
+        "1 attention block": (
+            jitted(attention)(h_jax),
+            lambda: first.self_attn(h_torch, position_embeddings=rope, attention_mask=mask)[0],
+        ),
+        "1 MoE block": (
+            jitted(lambda m, x: m.layers[0].moe(x, valid)[0])(h_jax),
+            lambda: first.mlp(h_torch),
+        ),
+        f"{cfg.layers} MoE blocks": (jitted(moe_chain)(h_jax), torch_moe_chain),
+    }
+    with torch.no_grad():
+        times = {}
+        for name, (run_ours, run_theirs) in parts.items():
+            best = best_times({"ours": run_ours, "theirs": run_theirs}, cfg.repeats)
+            times[name] = (best["ours"], best["theirs"])
+    return times
 
 
 def main(argv: list[str]) -> None:
@@ -169,6 +249,13 @@ def main(argv: list[str]) -> None:
         f"greedy tokens identical: {agree:.1%}"
         + ("" if agree == 1.0 else f" (first divergence at step {first_split})")
     )
+    if cfg.parts:
+        print(f"\n{'part of the forward':32} {'ours (ms)':>10} {'transformers':>13} {'ratio':>7}")
+        for name, (t_ours, t_theirs) in part_times(cfg, ours, theirs, ids).items():
+            print(
+                f"{name:32} {t_ours * 1e3:10.2f} {t_theirs * 1e3:13.2f} {t_theirs / t_ours:6.2f}x"
+            )
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
