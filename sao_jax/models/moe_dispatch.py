@@ -186,8 +186,8 @@ def _run_blocks_scan(
     """Differentiable: a scan over every block slot, unused ones skipped by lax.cond.
 
     Each block is rematerialised in the backward pass (`jax.checkpoint`): the scan then saves
-    only its inputs, not every slot's [b, F] hidden states, whose stacked copies were the
-    largest part of a training step's peak memory with skewed routing.
+    only its inputs, not every slot's [b, F] hidden states, whose stacked copies (sized for
+    the worst case, whatever the routing) were a large part of a training step's peak memory.
     """
 
     @jax.checkpoint
