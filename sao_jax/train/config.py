@@ -13,6 +13,7 @@ import dataclasses
 import re
 
 from sao_jax.losses.gae import ADAPTIVE_LAMBDA_ALPHA
+from sao_jax.losses.kl import KL_KINDS
 from sao_jax.losses.ppo import CLIP_EPS_HIGH, CLIP_EPS_LOW
 from sao_jax.losses.sao import DIS_EPS_HIGH, DIS_EPS_LOW
 from sao_jax.losses.seed import OPD_BETA, OPD_MODES
@@ -25,6 +26,8 @@ from sao_jax.train.algorithms import get_algorithm
 ALL_PARAMETERS: tuple[str, ...] = (".*",)
 # Packed row counts are this multiple times 1, 2, 3, 4, 6, 8, ... (`packing.bucket_rows`).
 PACK_ROW_MULTIPLE = 8
+# The KL estimators a penalty can optimise (`KlConfig.kind`): k1's gradient is 0 in expectation.
+KL_PENALTY_KINDS = tuple(kind for kind in KL_KINDS if kind != "k1")
 # SAO's critic: attention (and embeddings / norms) frozen, MoE / MLP projections + head train.
 CRITIC_FFN_AND_HEAD: tuple[str, ...] = (r"(^|/)(moe|mlp)/", r"^value_head/")
 
@@ -223,6 +226,43 @@ class OpdConfig:
             raise ValueError("OpdConfig.clip must be > 0 and needs mode='signed'")
 
 
+@dataclasses.dataclass(frozen=True)
+class KlConfig:
+    """A KL(pi || reference) penalty on the policy's action tokens (`sao_jax.losses.kl_estimate`),
+    the reference being the policy the learner started from (a warm start, a pretrained
+    checkpoint): it holds RL near what it started from instead of drifting with every batch.
+
+    Attributes:
+      coef: the penalty's weight in the policy loss (beta; 0: no penalty).
+      kind: the estimator the penalty optimises: "k3" (GRPO's choice: unbiased, >= 0, low
+        variance) or "k2" (its gradient is the reverse KL's, in expectation over the policy's
+        samples). Not "k1": on the policy's own samples its gradient is 0 in expectation, and
+        on a fixed batch it only lowers the sampled tokens' probabilities, which moves the
+        policy away. All three are logged either way (`policy/kl_k1`, ...).
+      track: with coef 0, still keep the reference and log the three estimators: how far the
+        policy has moved from where it started, at the cost of one reference forward pass per
+        iteration.
+    """
+
+    coef: float = 0.0
+    kind: str = "k3"
+    track: bool = False
+
+    def __post_init__(self):
+        if not self.coef >= 0:
+            raise ValueError(f"KlConfig.coef must be >= 0, got {self.coef}")
+        if self.kind not in KL_PENALTY_KINDS:
+            raise ValueError(
+                f"KlConfig.kind must be one of {KL_PENALTY_KINDS}, got {self.kind!r} (k1 is "
+                "logged, not a penalty: its gradient is 0 in expectation)"
+            )
+
+    @property
+    def active(self) -> bool:
+        """Whether the learner keeps a reference policy (a penalty, or tracking)."""
+        return self.coef > 0 or self.track
+
+
 @dataclasses.dataclass
 class LearnerConfig:
     """What the learner optimises and how.
@@ -243,6 +283,7 @@ class LearnerConfig:
       critic: critic steps, warm-up, target lambda, value clipping (SAO, PPO).
       group: GRPO's group size and normalisation.
       opd: SEED's distillation term (sao_seed, grpo_seed).
+      kl: a KL penalty towards the starting policy (any algorithm; off by default).
       moe: weights of the MoE auxiliary losses (policy and critic).
       entropy_coef: weight of an entropy bonus on the policy (0: none).
       reset_optimizer_on_sync: re-initialise the policy optimizer state whenever weights are
@@ -283,6 +324,7 @@ class LearnerConfig:
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     group: GroupConfig = dataclasses.field(default_factory=GroupConfig)
     opd: OpdConfig = dataclasses.field(default_factory=OpdConfig)
+    kl: KlConfig = dataclasses.field(default_factory=KlConfig)
     moe: MoeAuxConfig = dataclasses.field(default_factory=MoeAuxConfig)
     entropy_coef: float = 0.0
     reset_optimizer_on_sync: bool = False

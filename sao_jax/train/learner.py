@@ -100,6 +100,11 @@ class Learner:
             self._policy_optimizer, self.policy_params
         )
         self._policy_opt_sh = self.placement.like(self.policy_opt_state)
+        # The KL term's reference: the trainable part of the starting policy (the frozen part
+        # never changes, so the policy's serves both).
+        self._reference_params = (
+            jax.tree.map(jnp.copy, self.policy_params) if config.kl.active else None
+        )
         self.critic_params = self.critic_opt_state = None
         if self.algorithm.uses_critic:
             critic = critic if critic is not None else Critic.from_policy(policy)
@@ -135,6 +140,15 @@ class Learner:
             raise ValueError(f"algorithm {self.algorithm.name!r} has no critic")
         params = jax.tree.map(jnp.copy, self.critic_params) if copy else self.critic_params
         return nnx.merge(self._critic_graphdef, params, self._critic_frozen)
+
+    def reference_module(self, *, copy: bool = True) -> Transformer:
+        """The KL term's reference policy (`LearnerConfig.kl`): the policy this learner started
+        from, or the one its checkpoint saved."""
+        if self._reference_params is None:
+            raise ValueError("this learner keeps no reference policy (LearnerConfig.kl is off)")
+        params = self._reference_params
+        params = jax.tree.map(jnp.copy, params) if copy else params
+        return nnx.merge(self._policy_graphdef, params, self._policy_frozen)
 
     def reset_policy_optimizer(self) -> None:
         """Fresh policy optimizer state (moments and schedule count)."""
@@ -173,10 +187,13 @@ class Learner:
                 "the action tokens re-scored with a skill in context (sao_jax.seed.SeedLearner)"
             )
         host = self._host_batch(batch, compact=self.config.pack_rows)
-        device_batch = self.placement.put_batch(host)
-        fns = self._functions(device_batch, self._action_capacity(host))
-        staleness = _staleness(batch, self.counters.policy_version)
+        capacity = self._action_capacity(host)
         warmup = self.in_warmup
+        device_batch = self.placement.put_batch(host)
+        if not warmup:
+            device_batch = self.with_reference_logp(device_batch, capacity)
+        fns = self._functions(device_batch, capacity)
+        staleness = _staleness(batch, self.counters.policy_version)
         policy_steps_run = 0 if warmup else policy_steps(self.config)
         critic_steps_run = self.config.critic.steps if self.algorithm.uses_critic else 0
         if self.config.fused_iteration:
@@ -203,6 +220,19 @@ class Learner:
             skipped_critic_steps=float(self.counters.skipped_critic_steps),
         )
         return host
+
+    def with_reference_logp(
+        self, device_batch: dict[str, jax.Array], capacity: Any
+    ) -> dict[str, jax.Array]:
+        """`device_batch` (as the steps take it) plus `ref_logp` [R, T], the reference policy's
+        log-probs of its action tokens, when the learner keeps a reference (`config.kl`); as it
+        is otherwise. One forward pass of the reference, the heads at the action tokens only
+        (`capacity`, as `_action_capacity` gives it)."""
+        if self._reference_params is None:
+            return device_batch
+        fns = self._functions(device_batch, capacity)
+        ref_logp = fns["action_logprobs"](self._reference_params, self._policy_frozen, device_batch)
+        return {**device_batch, "ref_logp": ref_logp}
 
     def _fused_iteration(
         self, fns: Mapping[str, Any], device_batch: dict[str, jax.Array], warmup: bool
@@ -479,6 +509,8 @@ class Learner:
         if self.algorithm.uses_critic:
             items["critic"] = self.critic_module(copy=False)
             items["critic_opt"] = {"state": self.critic_opt_state}
+        if self._reference_params is not None:
+            items["reference"] = self.reference_module(copy=False)
         return items
 
     def checkpoint_metadata(self) -> dict[str, Any]:
@@ -521,6 +553,12 @@ class Learner:
             raise ValueError(
                 f"checkpoint is of algorithm {saved!r}, this learner runs {self.algorithm.name!r}"
             )
+        if self._reference_params is not None and "reference" not in checkpointer.item_names(step):
+            raise ValueError(
+                "the checkpoint holds no reference policy (it was saved with LearnerConfig.kl "
+                "off), so a KL term has nothing to hold the policy to: resume with kl off "
+                "(learner.kl.coef=0 learner.kl.track=false), or start a new run"
+            )
         restored = checkpointer.restore({**self.checkpoint_items(), **(items or {})}, step=step)
         policy = restored.items["policy"]
         _, trainable, frozen = split_trainable(policy, self.config.policy_trainable)
@@ -538,6 +576,11 @@ class Learner:
             self.critic_opt_state = self.placement.put(
                 restored.items["critic_opt"]["state"], self._critic_opt_sh
             )
+        if self._reference_params is not None:
+            _, trainable, _ = split_trainable(
+                restored.items["reference"], self.config.policy_trainable
+            )
+            self._reference_params = self.placement.put(trainable, self._policy_param_sh)
         counters = restored.metadata.get("learner", {})
         fields = {f.name for f in dataclasses.fields(LearnerCounters)}
         self.counters = LearnerCounters(**{k: int(v) for k, v in counters.items() if k in fields})

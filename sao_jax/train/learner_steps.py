@@ -6,6 +6,9 @@
 - `policy(params, frozen, opt_state, batch, advantages, behaviour_logp)` -> guarded update;
 - `critic(params, frozen, opt_state, batch, returns, old_values)` -> guarded update;
 - `logprobs(params, frozen, batch)` -> [R, T] (at every position);
+- `action_logprobs(params, frozen, batch)` -> [R, T] at the action tokens (the heads where the
+  steps run them, 0 elsewhere with an action capacity): the reference policy's log-probs of a
+  KL term (`LearnerConfig.kl`), which the learner adds to the batch as `ref_logp`;
 - `value_moments(critic_params, critic_frozen, batch)` -> least-squares statistics of the value
   head on the batch's Monte-Carlo returns (`objectives.value_head_moments`);
 - `iteration(policy_params, policy_frozen, policy_opt, [critic_params, critic_frozen,
@@ -165,6 +168,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
     policy_loss = policy_loss_fn(config)
     capacity = spec.action_capacity
     opd = config.opd if algorithm.opd else None
+    kl = config.kl if config.kl.active else None
 
     def behaviour_logprobs(policy_params, policy_frozen, batch):
         if algorithm.behaviour != "old_policy":
@@ -243,6 +247,7 @@ def _build(spec: StepSpec) -> dict[str, Any]:
                 entropy_coef=config.entropy_coef,
                 chunk_size=config.logprob_chunk_size,
                 opd=opd,
+                kl=kl,
                 action_capacity=capacity,
                 moe_aux=config.moe,
             )
@@ -266,10 +271,18 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         policy = nnx.merge(policy_graphdef, params, frozen)
         return objectives.policy_logprobs(policy, batch, chunk_size=config.logprob_chunk_size)[0]
 
+    def action_logprobs(params, frozen, batch):
+        policy = nnx.merge(policy_graphdef, params, frozen)
+        logp, _, _ = objectives.policy_logprobs(
+            policy, batch, chunk_size=config.logprob_chunk_size, action_capacity=capacity
+        )
+        return logp
+
     fns: dict[str, Any] = {}
     policy_in = (sh.policy_params, sh.policy_frozen)
     critic_in = (sh.critic_params, sh.critic_frozen) if algorithm.uses_critic else ()
     fns["logprobs"] = place.jit(logprobs, (*policy_in, batch_sh), token_sh)
+    fns["action_logprobs"] = place.jit(action_logprobs, (*policy_in, batch_sh), token_sh)
     prepared_sh = None
     if place.mesh is not None:
         prepared_sh = {"behaviour_logp": token_sh, "advantages": token_sh, "stats": rep}

@@ -29,11 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from sao_jax.losses import masked_token_mean, sao_value_loss, seed_gap_by_kind, seed_opd_loss
+from sao_jax.losses import (
+    kl_estimate,
+    masked_token_mean,
+    sao_value_loss,
+    seed_gap_by_kind,
+    seed_opd_loss,
+)
 from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
 from sao_jax.models.logprobs import LOGPROB_CHUNK
-from sao_jax.train.config import OpdConfig
+from sao_jax.train.config import KlConfig, OpdConfig
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
 from sao_jax.train.steps import MASK_KEYS, SAMPLING_KEYS
 
@@ -314,9 +320,11 @@ def policy_gradient_loss(
     moe_aux: MoeAuxConfig,
     chunk_size: int,
     opd: OpdConfig | None = None,
+    kl: KlConfig | None = None,
     action_capacity: int | ActionCapacity | None = None,
 ) -> tuple[jax.Array, Metrics]:
-    """The policy objective: `policy_loss(logp, behaviour_logp, A, mask)` + aux - entropy bonus.
+    """The policy objective: `policy_loss(logp, behaviour_logp, A, mask)` + aux - entropy bonus
+    (+ a KL penalty towards a reference policy).
 
     Args:
       advantages, behaviour_logp: [R, T] (behaviour: rollout log-probs or the old policy's).
@@ -324,12 +332,16 @@ def policy_gradient_loss(
       moe_aux: weights of the policy's MoE auxiliary losses.
       opd: SEED: adds `opd.weight * seed_opd_loss(logp, batch["skill_logp"], mask, beta=,
         mode=, clip=)` with the config's values (None: no such term).
+      kl: with `kl.active`, reads `batch["ref_logp"]` [R, T] (the reference policy's log-probs
+        of the same tokens, `Learner` adds them) and adds `kl.coef * kl_estimate(logp,
+        ref_logp, mask, kl.kind)`; None: no such term.
       action_capacity: K: the LM head runs on at most K action tokens per row (see
         `policy_logprobs`); None: at every position. The loss and gradients are the same.
     Returns:
       (loss, metrics) with the objective's metrics plus `entropy`, `load_balance_loss`,
       `router_z_loss`, `expert_dropped_fraction`, `policy_objective` (before aux terms), and
-      with `opd`: `opd_loss`, `seed_opd_loss`'s metrics as `opd_*` and `opd_diagnostics`'.
+      with `opd`: `opd_loss`, `seed_opd_loss`'s metrics as `opd_*` and `opd_diagnostics`';
+      with `kl`: `kl_k1`, `kl_k2`, `kl_k3` and `kl_loss` (the weighted term).
     """
     mask = action_mask(batch)
     logp, entropy, aux = policy_logprobs(
@@ -355,6 +367,16 @@ def policy_gradient_loss(
         metrics["opd_loss"] = opd_value
         metrics.update({f"opd_{k}": v for k, v in opd_metrics.items()})
         metrics.update(opd_diagnostics(logp, batch, mask, opd, objective_fn))
+    if kl is not None and kl.active:
+        if "ref_logp" not in batch:
+            raise ValueError(
+                "policy_gradient_loss: a KL term needs batch['ref_logp'] [R, T], the reference "
+                "policy's log-probs of the batch's tokens"
+            )
+        kl_value, kl_metrics = kl_estimate(logp, batch["ref_logp"], mask, kl.kind)
+        if kl.coef > 0:  # tracking alone adds nothing (not even a 0 * inf)
+            loss = loss + kl.coef * kl_value
+        metrics.update(kl_metrics, kl_loss=jax.lax.stop_gradient(kl.coef * kl_value))
     metrics.update(
         policy_objective=objective,
         entropy=jax.lax.stop_gradient(mean_entropy),

@@ -11,7 +11,7 @@ import pytest
 from train_factories import episode, first_batch, tiny_policy, write_store
 
 from sao_jax.sharding import MeshConfig, make_mesh
-from sao_jax.train import ClipConfig, CriticConfig, LearnerConfig, OptimizerConfig
+from sao_jax.train import ClipConfig, CriticConfig, KlConfig, LearnerConfig, OptimizerConfig
 from sao_jax.train.learner import Learner
 from sao_jax.train.learner_steps import policy_steps
 
@@ -54,8 +54,12 @@ def stepwise_iteration(learner: Learner, batch) -> tuple[dict[str, float], dict[
     """The step-by-step iteration: the kept separate jitted functions in order, one host read.
     Updates `learner`'s params and optimizer states (not its counters); returns host metrics
     (without the host-side `batch/staleness_*`, `phase` and counter entries) and skip counts."""
-    device_batch = learner._device_batch(batch)
-    fns = learner._functions(device_batch, learner._action_capacity(batch))
+    host = learner._host_batch(batch, compact=learner.config.pack_rows)
+    capacity = learner._action_capacity(host)
+    device_batch = learner.placement.put_batch(host)
+    if not learner.in_warmup:
+        device_batch = learner.with_reference_logp(device_batch, capacity)
+    fns = learner._functions(device_batch, capacity)
     critic = learner.algorithm.uses_critic
     critic_args = (learner.critic_params, learner._critic_frozen) if critic else ()
     prepared = fns["prepare"](
@@ -173,6 +177,7 @@ def run_both(cfg: LearnerConfig, batches, *, mesh=None):
     "changes",
     [
         pytest.param({"algorithm": "sao"}, id="sao"),
+        pytest.param({"algorithm": "sao", "kl": KlConfig(coef=0.5)}, id="sao-kl"),
         pytest.param(
             {"algorithm": "ppo", "clip": ClipConfig(ppo_epochs=2)},
             id="ppo-2-epochs",
