@@ -25,7 +25,8 @@ MICRO = [
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    summary = alfworld_sao.main([*MICRO, "--out", str(out)])
+    # with a KL term towards the warm start: its reference rides through checkpoints and resume
+    summary = alfworld_sao.main([*MICRO, "--out", str(out), "learner.kl.coef=0.1"])
     return out, summary
 
 
@@ -55,6 +56,7 @@ def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
     assert any("eval/valid_unseen/success" in r for r in records)
     rl = [r for r in records if r.get("phase") == 1.0]
     assert len(rl) >= 2 and all("policy/clip_frac" in r and "critic/loss" in r for r in rl)
+    assert all(r["policy/kl_loss"] == pytest.approx(0.1 * r["policy/kl_k3"]) for r in rl)
     assert all(r["batch/trajectories"] == 1 for r in rl if "policy/clip_frac" in r)
     assert any(r.get("phase") == 0.0 for r in records)  # the critic warm-up ran first
     fits = [r for r in records if "critic_fit/explained_variance" in r]
@@ -84,6 +86,10 @@ def test_resume_continues_the_run_to_more_policy_steps(finished_run):
     assert not any("bc/nll" in r for r in after[len(before) :])  # no second warm start
     versions = [r["policy_version"] for r in after if "policy_version" in r]
     assert versions[-1] == 3.0
+    # the resumed learner is held to the warm start, not to the weights it resumed from: the
+    # first resumed step already sees the two earlier steps' drift
+    (resumed,) = [r for r in after[len(before) :] if "policy/kl_k3" in r]
+    assert resumed["policy/kl_k3"] > 1e-9
 
 
 def test_bad_overrides_exit_with_a_message_naming_the_key(tmp_path, capsys):
