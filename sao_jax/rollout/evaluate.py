@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sao_jax.models import Transformer
 from sao_jax.rollout.agent_loop import AgentLoop, EnvConfig, RolloutConfig
+from sao_jax.rollout.episode import Episode
 from sao_jax.rollout.sampler import Sampler
 from sao_jax.rollout.stats import RolloutStats, combine_snapshots
 from sao_jax.tokenizers import Tokenizer
@@ -106,6 +107,7 @@ def evaluate(
     rollout: RolloutConfig | None = None,
     env: EnvConfig | None = None,
     shard: tuple[int, int] = (0, 1),
+    on_episode: Callable[[Episode], None] | None = None,
 ) -> EvalResult:
     """Greedy success of `policy` on games 0..num_games-1 of `split` (all by default).
 
@@ -116,6 +118,8 @@ def evaluate(
       size and phrasing); its split and seed are ignored.
     shard: (index, count): play only games index, index + count, ... of those (each process
       of a multi-host job plays its own; `EvalResult.combine` merges the results).
+    on_episode: called with each finished episode, in the order they finish (to keep or
+      inspect the games themselves, e.g. `sao_jax.rollout.inspection.game_record`).
     """
     env = env or EnvConfig()
     splits = env.env_class.splits
@@ -144,6 +148,9 @@ def evaluate(
         loop = AgentLoop(policy, tokenizer, envs, rollout, run_id=f"eval-{split}")
         for group in loop.play(games):
             stats.add_episodes(group)
+            if on_episode is not None:
+                for episode in group:
+                    on_episode(episode)
     s = stats.snapshot()
     return EvalResult(
         split=split,
