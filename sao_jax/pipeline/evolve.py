@@ -68,7 +68,8 @@ class Evolution:
         self.run = Run(config.experiment())
         self.out = self.run.out
         self.log = MetricsWriter(self.out, tensorboard=config.tensorboard)
-        warm_start(self.run, self.log)  # from_run: the saved clone; otherwise clone here
+        # from_run: the saved clone (its saved evaluation as is); otherwise clone here
+        warm_start(self.run, self.log, reevaluate=False)
         self.seconds["warm_start"] = time.perf_counter() - self.began
         exp, tokenizer = self.run.config, self.run.tokenizer
         self.book = PolicyBook(

@@ -17,12 +17,15 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 
 from atdp_io.rows import pack_batch
 from atdp_io.trained_on import TrainedOn
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
+from sao_jax.config_cli import CONFIG_FILE
+from sao_jax.config_fields import load_config
 from sao_jax.distributed.host_sync import allgather_numbers
 from sao_jax.metrics import MetricsWriter, ProgressBar
 from sao_jax.pipeline.evaluation import evaluate_policy
@@ -240,9 +243,42 @@ def dagger_round(
     return {"success": float(stats["success_rate"]), "relabelled_turns": turns}
 
 
-def warm_start(run: Run, log: MetricsWriter) -> None:
+# What decides a greedy evaluation's games besides the weights (decoding is forced greedy).
+EVALUATION_FIELDS = {
+    "rollout": (
+        "layout",
+        "history_length",
+        "think",
+        "memory_line",
+        "prompt_style",
+        "max_new_tokens",
+        "max_context_tokens",
+        "reply_choices",
+    ),
+    "env": ("name", "size", "phrasing", "max_steps"),
+    "eval": ("num_games", "splits"),
+}
+
+
+def evaluation_changes(config, from_run: str) -> list[str]:
+    """The settings (`EVALUATION_FIELDS`) in which `config` evaluates otherwise than the run in
+    `from_run` did (its config.yaml); none when that run saved no config."""
+    saved = Path(from_run) / CONFIG_FILE
+    if not saved.is_file():
+        return []
+    earlier = load_config(saved, type(config)())
+    return [
+        f"{section}.{name}"
+        for section, names in EVALUATION_FIELDS.items()
+        for name in names
+        if getattr(getattr(config, section), name) != getattr(getattr(earlier, section), name)
+    ]
+
+
+def warm_start(run: Run, log: MetricsWriter, *, reevaluate: bool = True) -> None:
     """The cloned policy and its start evaluation, saved to DIR/warm_start (or both taken from
-    `warm_start.from_run`)."""
+    `warm_start.from_run`; its policy is evaluated again when this run evaluates otherwise,
+    `evaluation_changes`, unless `reevaluate` is False)."""
     spec = run.config.warm_start
     if spec.from_run:
         with Checkpointer(
@@ -251,9 +287,16 @@ def warm_start(run: Run, log: MetricsWriter) -> None:
             restored = saved.restore({"policy": run.policy})
             run.trained_on = TrainedOn(parent=saved.step_path(restored.step))
         run.policy = restored.items["policy"]
-        run.evals["start"] = restored.metadata["evals"]["start"]
         if "warm_start" in restored.metadata["evals"]:
             run.evals["warm_start"] = restored.metadata["evals"]["warm_start"]
+        changed = evaluation_changes(run.config, spec.from_run) if reevaluate else []
+        if not changed:
+            run.evals["start"] = restored.metadata["evals"]["start"]
+            return
+        # the saved start evaluation played other prompts or rules than this run's end one
+        # will: evaluate the reused policy again, so start and end compare like with like
+        print(f"warm_start.from_run: evaluating its policy again ({', '.join(changed)} differ)")
+        evaluate_policy(run, log, run.policy, 0, "start")
         return
     clone_expert(run, log)
     evaluate_policy(run, log, run.policy, 0, "start")

@@ -46,6 +46,7 @@ from sao_jax.envs.base import (
     turn_rewards,
 )
 from sao_jax.envs.registry import EnvConfig
+from sao_jax.rollout.choices import ChoiceConstraint, ChoiceMasks
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
 from sao_jax.rollout.run_ids import (
@@ -102,6 +103,13 @@ class RolloutConfig:
     prefix_cache: a prompt loaded into a slot skips the ids it shares with the prompt the
       slot's cache already holds (encoded by the same weights); False: every load encodes its
       whole prompt. Tokens and log-probs are the same either way.
+    reply_choices: keep every reply to one of the actions the prompt lists (ALFWorld: its
+      admissible commands), in the harness's reply format: a token mask before each sampled
+      token, from the grammar the serving gateway writes for a choice list
+      (`sao_jax.rollout.choices`). The grammar is recorded with the call, so the learner
+      rebuilds the masks and trains with the masked ratio; the masked behaviour log-probs
+      are recorded as `sampled_logprobs`. Decodes one token per dispatch (each token's mask
+      depends on the one before). Off: free replies, as the papers sample them.
     """
 
     layout: str = "windowed"
@@ -123,6 +131,7 @@ class RolloutConfig:
     seed: int = 0
     model_id: str = "sao_jax-policy"
     prefix_cache: bool = True
+    reply_choices: bool = False
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -189,6 +198,8 @@ class _Slot:
     turn_started: float = 0.0
     continuation: list[int] | None = None  # concat: ids appended since the last turn
     cache_version: int | None = None  # the weights version that built the slot's whole cache
+    grammar: str | None = None  # reply_choices: this turn's grammar (recorded with the call)
+    constraint: ChoiceConstraint | None = None  # ... and its state after the tokens so far
 
 
 class AgentLoop:
@@ -251,10 +262,25 @@ class AgentLoop:
             top_k=config.top_k,
             max_tokens=config.max_new_tokens,
             stop=stop_names,
+            # a constrained call's masks are rebuilt with the ids that may end it (as served)
+            extra={"stop_token_ids": list(self.stop_ids)} if config.reply_choices else {},
+        )
+        self.choices = (
+            ChoiceMasks(
+                tokenizer,
+                model.vocab_size,
+                self.harness,
+                style=config.prompt_style,
+                think=config.think,
+            )
+            if config.reply_choices
+            else None
         )
         # Behaviour log-probs under the sampled transform, only when it is not the identity
-        # (there they equal the temperature-1 ones, and records stay as they were).
+        # (there they equal the temperature-1 ones, and records stay as they were); a token
+        # mask changes the distribution too.
         self.behaviour = (config.temperature, config.top_k, config.top_p) != (1.0, 0, 1.0)
+        self.behaviour |= self.choices is not None
         self._reset_state()
         self._groups = itertools.count()
         self.abandoned_episodes = 0  # started but never finished (play stopped early)
@@ -413,22 +439,39 @@ class AgentLoop:
             slot.out_ids, slot.out_logp, slot.out_versions = [], [], []
             slot.out_behaviour = []
             slot.cache_version = version
+            if self.choices is not None:
+                slot.grammar = self.choices.grammar(slot.info["admissible_commands"])
+                slot.constraint = self.choices.start(slot.grammar)
         finished = []
         for group, extending in ((full, False), (extend, True)):
             if not group:
                 continue
             sampling = [self.config.sampling(self.stop_ids, slots[b].seed) for b in group]
             generation = self.sampler.weights_generation
+            masks = None
+            if self.choices is not None:
+                masks = np.stack([slots[b].constraint.bitmask() for b in group])
             if extending:
                 tokens = [slots[b].continuation for b in group]
                 self._state, first, logp, done, *sampled = self.sampler.extend(
-                    self._state, tokens, group, sampling, behaviour=self.behaviour
+                    self._state,
+                    tokens,
+                    group,
+                    sampling,
+                    token_mask=masks,
+                    behaviour=self.behaviour,
                 )
             else:
                 tokens = [slots[b].input_ids for b in group]
                 cached = [self._cached_prefix(b, slots[b].input_ids) for b in group]
                 self._state, first, logp, done, *sampled = self.sampler.prefill(
-                    self._state, tokens, group, sampling, cached=cached, behaviour=self.behaviour
+                    self._state,
+                    tokens,
+                    group,
+                    sampling,
+                    cached=cached,
+                    token_mask=masks,
+                    behaviour=self.behaviour,
                 )
             # weights swapped during the load (another thread): nothing it wrote is reusable
             same_weights = generation == self.sampler.weights_generation
@@ -446,6 +489,8 @@ class AgentLoop:
                 slot.out_versions.append(version)
                 if sampled:
                     slot.out_behaviour.append(float(sampled[0][i]))
+                if slot.constraint is not None:
+                    slot.constraint.consume(first[i])
                 if done[i]:
                     finished.append(b)
                 else:
@@ -456,8 +501,13 @@ class AgentLoop:
         if before_dispatch is not None:
             before_dispatch()
         version = self.sampler.policy_version
+        steps, masks = self.config.decode_chunk, None
+        if self.choices is not None:  # each token's mask follows from the one before
+            steps, masks = 1, self.choices.unconstrained(len(slots))
+            for b in generating:
+                masks[b] = slots[b].constraint.bitmask()
         self._state, tokens, logp, emitted, *sampled = self.sampler.decode(
-            self._state, self.config.decode_chunk, behaviour=self.behaviour
+            self._state, steps, token_mask=masks, behaviour=self.behaviour
         )
         active = np.asarray(self._state.active)
         finished = []
@@ -468,6 +518,8 @@ class AgentLoop:
             slot.out_versions += [version] * n
             if sampled:
                 slot.out_behaviour += sampled[0][b, :n].tolist()
+            if slot.constraint is not None and n:
+                slot.constraint.consume(tokens[b, 0])
             if n and version != slot.cache_version:
                 slot.cache_version = None  # the cache now mixes weight versions
             if not active[b]:
@@ -515,6 +567,7 @@ class AgentLoop:
                 sampled_logprobs=(
                     np.asarray(slot.out_behaviour, np.float32) if self.behaviour else None
                 ),
+                grammar=slot.grammar,
             )
         )
         slot.history.append((slot.observation, command))

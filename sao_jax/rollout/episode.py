@@ -68,6 +68,7 @@ class Turn:
     latency_s: float
     info: Mapping = dataclasses.field(default_factory=dict)  # the env's step info (not stored)
     sampled_logprobs: np.ndarray | None = None
+    grammar: str | None = None  # the reply's output grammar (`RolloutConfig.reply_choices`)
 
     @property
     def policy_version(self) -> int:
@@ -190,6 +191,10 @@ class Episode:
         if turn.sampled_logprobs is not None:  # the serving proxy's format: a list [N]
             extra = {**decoding.extra, "sampled_logprobs": turn.sampled_logprobs.tolist()}
             decoding = dataclasses.replace(decoding, extra=extra)
+        if turn.grammar is not None:  # as the proxy records a constrained call's grammar
+            decoding = dataclasses.replace(
+                decoding, extra={**decoding.extra, "grammar": turn.grammar}
+            )
         call = LLMCall(
             model_id=self.model_id,
             policy_version=turn.policy_version,

@@ -530,15 +530,25 @@ class Sampler:
         slots: Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] = DEFAULT_SAMPLING,
         *,
+        token_mask: np.ndarray | None = None,
         behaviour: bool = False,
     ) -> tuple[np.ndarray | DecodeState, ...]:
         """Continue finished slots with more tokens (the next turn) and sample again.
 
         Each slot keeps its cached sequence; its last sampled token (not yet in the cache) and
         then `continuations[i]` are appended, so a multi-turn episode never re-encodes its
-        history. Same returns as `prefill` (`behaviour` likewise); `state` is donated.
+        history. Same returns as `prefill` (`token_mask` and `behaviour` likewise); `state` is
+        donated.
         """
-        return self._load(state, continuations, slots, sampling, extend=True, behaviour=behaviour)
+        return self._load(
+            state,
+            continuations,
+            slots,
+            sampling,
+            extend=True,
+            token_mask=token_mask,
+            behaviour=behaviour,
+        )
 
     def _load(
         self,

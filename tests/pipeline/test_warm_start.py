@@ -132,3 +132,29 @@ def test_relabelled_episodes_are_derived_data_of_the_episode(demos):
     assert dataclasses.replace(governance, tenant="demos", expires_at=None) == dataclasses.replace(
         demo.header.governance, expires_at=None
     )
+
+
+def test_a_reused_warm_start_is_evaluated_again_when_the_evaluation_changes(tmp_path):
+    """`evaluation_changes` names the settings in which a run evaluates otherwise than the run
+    whose warm start it reuses; sampling, rewards and the learner do not count."""
+    from sao_jax.config_fields import apply_overrides, config_to_yaml
+    from sao_jax.pipeline.config import ExperimentConfig
+    from sao_jax.pipeline.warm_start import evaluation_changes
+
+    earlier = apply_overrides(ExperimentConfig(), ["rollout.prompt_style=compact"])
+    (tmp_path / "config.yaml").write_text(config_to_yaml(earlier))
+    same = apply_overrides(
+        earlier,
+        ["rollout.temperature=0.7", "rollout.inadmissible_penalty=-1.0", "learner.kl.coef=1.0"],
+    )
+    assert evaluation_changes(same, str(tmp_path)) == []
+    other = apply_overrides(
+        earlier,
+        ["rollout.reply_choices=true", "env.max_steps=20", "eval.num_games=10"],
+    )
+    assert evaluation_changes(other, str(tmp_path)) == [
+        "rollout.reply_choices",
+        "env.max_steps",
+        "eval.num_games",
+    ]
+    assert evaluation_changes(other, str(tmp_path / "no_run_here")) == []

@@ -120,12 +120,16 @@ def open_store(path) -> AtdpStore:
     return AtdpStore.open(str(path))
 
 
-def read_batches(store: AtdpStore, tenant: str, layout: str, *, rows: int = 64, **config) -> list:
-    """Every batch of one unshuffled epoch over `tenant`, plus the loader (for its stats)."""
+def read_batches(
+    store: AtdpStore, tenant: str, layout: str, *, rows: int = 64, mask_replay=None, **config
+) -> list:
+    """Every batch of one unshuffled epoch over `tenant`, plus the loader (for its stats);
+    `mask_replay` rebuilds constrained calls' masks."""
     loader = AtdpLoader(
         store,
         [tenant],
         principal=tenant,
         config=LoaderConfig(rows=rows, seq_len=SEQ_LEN, layout=layout, **config),
+        mask_replay=mask_replay,
     )
     return list(loader.epoch(shuffle=False)), loader
