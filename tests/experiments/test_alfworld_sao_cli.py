@@ -6,7 +6,7 @@ import json
 import pytest
 
 from atdp_io import trained_on
-from experiments import alfworld_sao, compare_algos
+from experiments import alfworld_sao, compare_algos, inspect_checkpoints
 from sao_jax.metrics import read_metrics
 
 # The micro preset, smaller still: the smoke run is about the plumbing, not the learning.
@@ -72,6 +72,67 @@ def test_a_run_writes_metrics_summary_curve_and_checkpoints(finished_run):
     assert chain[-1].path == str(out / "warm_start" / "0") and chain[-1].parent is None
     tenants = {ref.tenant for ref in trained_on.trained_on(out / "checkpoints" / str(latest))}
     assert {"demos", "rollouts"} <= tenants
+
+
+@pytest.mark.slow
+def test_inspect_checkpoints_replays_the_runs_own_evaluations(finished_run, capsys):
+    """The warm start and the last RL checkpoint, replayed game by game, win what the run
+    reported at its start and end; the records and the comparison are written."""
+    out, _ = finished_run
+    saved = json.loads((out / "summary.json").read_text())
+    last = saved["policy_steps"]
+    result = inspect_checkpoints.main([f"run={out}", "out=" + str(out / "inspected")])
+    policies = result["policies"]
+    assert sorted(policies) == [0, last]  # the warm start and every kept RL checkpoint
+    assert policies[0]["success"] == saved["unseen_success_start"]
+    assert policies[last]["success"] == saved["unseen_success_end"]
+    for step in (0, last):
+        lines = (out / "inspected" / f"valid_unseen_step{step}.jsonl").read_text().splitlines()
+        games = [json.loads(line) for line in lines]
+        assert [g["game_index"] for g in games] == [0, 1]  # the run's eval.num_games
+        assert all(len(g["expert"]) == len(g["commands"]) > 0 for g in games)
+    pair = result["pairs"][f"0->{last}"]
+    assert pair["both_won"] + pair["both_lost"] + pair["gained"] + pair["lost"] == 2
+    assert json.loads((out / "inspected" / "valid_unseen_summary.json").read_text())["pairs"]
+    assert "by policy step" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"no policy at step\(s\) \[7\]; it has \[0, "):
+        inspect_checkpoints.main([f"run={out}", "policy_steps=[0,7]"])
+
+
+@pytest.mark.slow
+def test_replies_kept_to_the_listed_actions_from_a_reused_warm_start(finished_run, tmp_path):
+    """`rollout.reply_choices` end to end: the reused warm start is evaluated again under the
+    choices (its saved evaluation played free replies), and no reply of RL or evaluation is
+    refused or malformed; the learner's ratio at the sampling weights is 1."""
+    out, first = finished_run
+    run = tmp_path / "choices"
+    summary = alfworld_sao.main(
+        [*MICRO, "--out", str(run), f"warm_start.from_run={out}", "rollout.reply_choices=true"]
+    )
+    records = read_metrics(run)
+    starts = [r for r in records if "eval/valid_unseen/inadmissible_rate" in r]
+    assert len(starts) == 2  # evaluated again at the start, and at the end
+    assert all(r["eval/valid_unseen/inadmissible_rate"] == 0.0 for r in starts)
+    assert all(r["eval/valid_unseen/invalid_reply_rate"] == 0.0 for r in starts)
+    saved = read_metrics(out)
+    free = next(r for r in saved if "eval/valid_unseen/inadmissible_rate" in r)
+    assert (
+        free["eval/valid_unseen/inadmissible_rate"] + free["eval/valid_unseen/invalid_reply_rate"]
+        > 0
+    )
+    rl = [r for r in records if "policy/ratio_mean" in r]
+    assert rl and all(
+        r["rollout/inadmissible_rate"] == 0.0 for r in rl if "rollout/inadmissible_rate" in r
+    )
+    assert rl[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert summary["policy_steps"] == first["policy_steps"]
+
+
+def test_inspect_checkpoints_refuses_a_directory_that_holds_no_run(tmp_path):
+    with pytest.raises(SystemExit, match="is not a run directory"):
+        inspect_checkpoints.main([f"run={tmp_path}"])
+    with pytest.raises(SystemExit, match="is not a run directory"):
+        inspect_checkpoints.main([])
 
 
 @pytest.mark.slow

@@ -1,0 +1,204 @@
+"""Which games a run's policies win and lose, how they lose them, and what changes between two.
+
+    python -m experiments.inspect_checkpoints run=runs/curve_s0 "policy_steps=[0,50,100]"
+    python -m experiments.inspect_checkpoints run=runs/x split=valid_seen expert=oracle
+    python -m experiments.inspect_checkpoints run=runs/x "run_overrides=[rollout.reply_choices=true]"
+
+Plays the chosen policies of an `experiments.alfworld_sao` run greedily on one split (the
+evaluation the run itself reports: same prompts, games and step limit), and for every game
+records its commands, which the room refused, the expert's command at each turn (the game
+replayed with the policy's commands, so the expert answers in the state the policy was in) and
+how a lost game ended (`sao_jax.rollout.inspection.FAILURE_MODES`). Policy step 0 is the warm
+start; step n > 0 is the RL checkpoint taken after n policy steps (keep the ones you want with
+`checkpoint_every` / `checkpoint_keep` in the run). Prints, per policy, success, how its games
+end and how often its command is the expert's; and for each pair of consecutive policies the
+games gained and lost, the turn where their play first parts, and whose command there was the
+expert's. Writes `OUT/<split>_step<n>.jsonl` (one game a line) and `OUT/<split>_summary.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from sao_jax.checkpoint import Checkpointer, checkpoint_directory
+from sao_jax.config_cli import parse_cli
+from sao_jax.config_fields import apply_overrides, load_config
+from sao_jax.metrics.progress import ProgressBar
+from sao_jax.pipeline.config import ExperimentConfig
+from sao_jax.pipeline.setup import WARM_START_DIR, build_model, build_tokenizer, resolve
+from sao_jax.rollout import Sampler, evaluate
+from sao_jax.rollout.inspection import (
+    FAILURE_MODES,
+    GameRecord,
+    compare_games,
+    expert_commands,
+    game_record,
+    summarize,
+)
+
+PROG = "python -m experiments.inspect_checkpoints"
+
+
+@dataclasses.dataclass
+class InspectConfig:
+    """Greedy games of a run's policies, game by game.
+
+    Attributes:
+      run: an `experiments.alfworld_sao` run directory (its config.yaml, warm start and
+        checkpoints).
+      policy_steps: the policies, by policy steps: 0 = the warm start (the run's own, or that
+        of its `warm_start.from_run`), n > 0 = the latest checkpoint at policy version n.
+        Empty: the warm start and every checkpoint the run kept.
+      split: the split played (one of the env's splits).
+      num_games: games of the split (None: the run's `eval.num_games`).
+      expert: the expert the commands are compared with: "search" (acts from what the agent
+        has seen; the one the policy cloned) or "oracle" (plans from the true state).
+      out: where the records go (default: RUN/inspect).
+      run_overrides: key=value overrides of the run's config for this replay (e.g.
+        `rollout.reply_choices=true`: the same policies with replies kept to the listed
+        actions).
+    """
+
+    run: str = ""
+    policy_steps: tuple[int, ...] = ()
+    split: str = "valid_unseen"
+    num_games: int | None = None
+    expert: str = "search"
+    out: str = ""
+    run_overrides: tuple[str, ...] = ()
+
+
+def checkpoints_by_version(directory: Path) -> dict[int, int]:
+    """Policy version -> the latest checkpoint id holding it, in `directory` (none: {})."""
+    if not directory.is_dir():
+        return {}
+    out: dict[int, int] = {}
+    with Checkpointer(checkpoint_directory(directory), create=False) as saved:
+        for step in saved.all_steps():
+            version = int(saved.metadata(step)["learner"]["policy_version"])
+            out[version] = max(step, out.get(version, step))
+    return out
+
+
+def policy_sources(config: InspectConfig, run: ExperimentConfig) -> dict[int, tuple[Path, int]]:
+    """Policy step -> (checkpoint directory, checkpoint id) for each policy asked for."""
+    run_dir = Path(config.run)
+    warm = Path(run.warm_start.from_run or run_dir) / WARM_START_DIR
+    rl = checkpoints_by_version(Path(run.checkpoint_dir or run_dir / "checkpoints"))
+    available = {0: (warm, 0), **{v: (run_dir / "checkpoints", s) for v, s in rl.items() if v}}
+    wanted = config.policy_steps or tuple(sorted(available))
+    missing = [s for s in wanted if s not in available]
+    if missing:
+        raise SystemExit(
+            f"error: {config.run} holds no policy at step(s) {missing}; it has "
+            f"{sorted(available)} (keep more RL checkpoints with checkpoint_every / "
+            "checkpoint_keep)"
+        )
+    return {s: available[s] for s in wanted}
+
+
+def play(config: InspectConfig, run: ExperimentConfig, sources) -> dict[int, list[GameRecord]]:
+    """Each policy's greedy games on the split, as records."""
+    tokenizer = build_tokenizer(run)
+    model = build_model(run, tokenizer)
+    sampler = Sampler(model, pad_id=tokenizer.pad_id)
+    num_games = config.num_games if config.num_games is not None else run.eval.num_games
+    out = {}
+    with ProgressBar(len(sources), keys=("policy_step", "success")) as bar:
+        for step, (directory, checkpoint) in sources.items():
+            with Checkpointer(checkpoint_directory(directory), create=False) as saved:
+                policy = saved.restore({"policy": model}, step=checkpoint).items["policy"]
+            sampler.update_weights(policy, step)
+            records: list[GameRecord] = []
+
+            def keep(episode, records=records):
+                records.append(game_record(episode, expert_commands(episode, config.expert)))
+
+            evaluate(
+                sampler,
+                tokenizer,
+                split=config.split,
+                num_games=num_games,
+                num_envs=run.eval.num_envs,
+                rollout=run.rollout,
+                env=run.env,
+                on_episode=keep,
+            )
+            out[step] = sorted(records, key=lambda r: r.game_index)
+            bar.update(metrics={"policy_step": step, "success": summarize(records)["success"]})
+    return out
+
+
+def report(records: dict[int, list[GameRecord]]) -> dict:
+    """Per policy: `summarize`; per consecutive pair: `compare_games` (flips as dicts)."""
+    steps = sorted(records)
+    pairs = {}
+    for before, after in itertools.pairwise(steps):
+        comparison = compare_games(records[before], records[after])
+        comparison["flips"] = [
+            {**dataclasses.asdict(f), "agrees": f.agrees} for f in comparison["flips"]
+        ]
+        pairs[f"{before}->{after}"] = comparison
+    return {"policies": {s: summarize(records[s]) for s in steps}, "pairs": pairs}
+
+
+def print_report(result: dict, split: str) -> None:
+    modes = ("won", *FAILURE_MODES)
+    print(f"\nGreedy games on {split}, by policy step")
+    header = f"{'step':>6} {'success':>8} " + " ".join(f"{m:>12}" for m in modes)
+    print(header + f" {'steps':>6} {'expert':>7}")
+    for step, s in result["policies"].items():
+        agreement = s["expert_agreement"]
+        print(
+            f"{step:>6} {s['success']:8.3f} "
+            + " ".join(f"{s['modes'][m]:>12}" for m in modes)
+            + f" {s['avg_steps']:6.2f} "
+            + (f"{agreement:7.3f}" if agreement is not None else f"{'-':>7}")
+        )
+    for pair, c in result["pairs"].items():
+        print(
+            f"\n{pair}: both won {c['both_won']}, both lost {c['both_lost']}, "
+            f"gained {c['gained']}, lost {c['lost']}"
+        )
+        for side in ("gained", "lost"):
+            turns = c["divergence_turn"][side]
+            if not turns:
+                continue
+            print(
+                f"  {side}: play parts at turn {statistics.median(turns):g} (median); "
+                f"expert's command there: {c['agrees'][side]}; the losing side ended "
+                f"{c['lost_modes'][side]}"
+            )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_cli(argv, InspectConfig, prog=PROG, description=__doc__.split("\n")[0])
+    saved = Path(config.run) / "config.yaml"
+    if not config.run or not saved.is_file():
+        raise SystemExit(f"error: run={config.run!r} is not a run directory (no config.yaml)")
+    run = load_config(saved, ExperimentConfig())
+    try:
+        run = resolve(apply_overrides(run, config.run_overrides))
+    except ValueError as error:  # ConfigError, or a config the overrides make invalid
+        raise SystemExit(f"error: run_overrides: {error}") from None
+    sources = policy_sources(config, run)
+    records = play(config, run, sources)
+    out = Path(config.out or Path(config.run) / "inspect")
+    out.mkdir(parents=True, exist_ok=True)
+    for step, games in records.items():
+        with open(out / f"{config.split}_step{step}.jsonl", "w") as f:
+            f.writelines(json.dumps(r.to_json()) + "\n" for r in games)
+    result = report(records)
+    (out / f"{config.split}_summary.json").write_text(json.dumps(result, indent=1))
+    print_report(result, config.split)
+    print(f"\nrecords: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
