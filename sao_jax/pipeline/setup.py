@@ -249,9 +249,9 @@ class Run:
 
     def mask_replay(self) -> MaskReplay | None:
         """What rebuilds the grammar and thinking-budget masks of constrained calls (served
-        traffic of the online job) with the run's tokenizer, so they train with the exact masked
-        ratio; None for a tokenizer without a Hugging Face backend (the rollout engine's word
-        tokenizer samples unconstrained)."""
+        traffic of the online job, rollouts with `rollout.reply_choices`) with the run's
+        tokenizer, so they train with the exact masked ratio; None for a tokenizer without a
+        Hugging Face backend (such a run cannot sample constrained either)."""
         if getattr(self.tokenizer, "backend", None) is None:
             return None
         return MaskReplay.from_tokenizer(self.tokenizer, self.policy.config.vocab_size)
