@@ -105,8 +105,7 @@ class RolloutConfig:
       whole prompt. Tokens and log-probs are the same either way.
     reply_choices: keep every reply to one of the actions the prompt lists (ALFWorld: its
       admissible commands), in the harness's reply format: a token mask before each sampled
-      token, from the grammar the serving gateway writes for a choice list
-      (`sao_jax.rollout.choices`). The grammar is recorded with the call, so the learner
+      token, from a grammar of each action's token ids (`sao_jax.rollout.choices`). The grammar is recorded with the call, so the learner
       rebuilds the masks and trains with the masked ratio; the masked behaviour log-probs
       are recorded as `sampled_logprobs`. Decodes one token per dispatch (each token's mask
       depends on the one before). Off: free replies, as the papers sample them.

@@ -189,11 +189,11 @@ def compare_games(before: Sequence[GameRecord], after: Sequence[GameRecord]) -> 
     by_game = {r.game_index: r for r in before}
     if len(by_game) != len(before) or {r.game_index for r in after} != set(by_game):
         raise ValueError("compare_games needs the same games, once each, on both sides")
-    flips, counts = [], Counter()
+    flips, both = [], Counter()
     for b in sorted(after, key=lambda r: r.game_index):
         a = by_game[b.game_index]
-        counts[{(True, True): "both_won", (False, False): "both_lost"}.get((a.won, b.won), "")] += 1
         if a.won == b.won:
+            both[a.won] += 1
             continue
         turn = _divergence(a, b)
         expert = a.expert[turn] if turn < a.steps else (b.expert[turn] if turn < b.steps else None)
@@ -212,8 +212,8 @@ def compare_games(before: Sequence[GameRecord], after: Sequence[GameRecord]) -> 
     gained = [f for f in flips if f.gained]
     lost = [f for f in flips if not f.gained]
     return {
-        "both_won": counts["both_won"],
-        "both_lost": counts["both_lost"],
+        "both_won": both[True],
+        "both_lost": both[False],
         "gained": len(gained),
         "lost": len(lost),
         "flips": flips,
