@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -58,6 +60,21 @@ def sampler() -> Sampler:
     """The shared sampler (compiled once per process); at version 0 between tests."""
     # One prompt bucket below the cache length: few shapes, few compiles.
     return Sampler(model(), pad_id=tokenizer().pad_id, min_prompt_bucket=512)
+
+
+@functools.cache
+def dis_learner():
+    """A GRPO+DIS learner holding the rollout policy's weights, dropless like the sampler (so a
+    token's log-prob never depends on what shares its batch)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from train_factories import exact_learner_config
+
+    from sao_jax.train import Learner
+
+    dropless = model_config().replace(capacity_factor=0.0)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(dropless, rngs=nnx.Rngs(0))))
+    policy = nnx.merge(graphdef, nnx.clone(nnx.state(model())))
+    return Learner(exact_learner_config(algorithm="grpo_dis"), policy)
 
 
 @contextlib.contextmanager

@@ -4,18 +4,12 @@ loader reads them as `rollout_logp` with the transform, and the learner's transf
 log-prob at the same weights equals them (DIS ratio 1); at temperature 1 nothing extra is
 recorded."""
 
-import functools
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-from flax import nnx
 from rollout_testlib import (
     NUM_ENVS,
+    dis_learner,
     env_config,
-    model,
-    model_config,
     open_store,
     read_batches,
     rollout_config,
@@ -23,27 +17,12 @@ from rollout_testlib import (
     tokenizer,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from train_factories import exact_learner_config
-
 from atdp_io import EventKind
 from atdp_io.rows import SAMPLING_KEYS
-from sao_jax.models import Transformer
 from sao_jax.rollout import AgentLoop
-from sao_jax.train import Learner
 
 TENANT = "behaviour"
 ROWS = 16  # every batch one shape: the learner compiles its log-prob function once
-
-
-@functools.cache
-def learner() -> Learner:
-    """A learner holding the rollout policy's weights, dropless like the sampler (so a token's
-    log-prob never depends on what shares its batch)."""
-    dropless = model_config().replace(capacity_factor=0.0)
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(dropless, rngs=nnx.Rngs(0))))
-    policy = nnx.merge(graphdef, nnx.clone(nnx.state(model())))
-    return Learner(exact_learner_config(algorithm="grpo_dis"), policy)
 
 
 def play(tmp_path, **decoding):
@@ -96,14 +75,14 @@ def test_the_dis_ratio_is_one_at_the_rollout_weights(tmp_path, decoding):
     np.testing.assert_array_equal(batch["sample_top_k"][action], decoding.get("top_k", 0))
     np.testing.assert_allclose(batch["sample_top_p"][action], decoding.get("top_p", 1.0))
 
-    logp = learner().policy_logprobs(batch)
+    logp = dis_learner().policy_logprobs(batch)
     ratio = np.exp(logp - batch["rollout_logp"])
     np.testing.assert_allclose(ratio[action], 1.0, atol=2e-4)
     if temperature == 0:
         np.testing.assert_array_equal(recorded_logp, 0.0)
     # Not vacuous: the temperature-1 log-probs (what was recorded before) give another ratio.
     plain = {k: v for k, v in batch.items() if k not in SAMPLING_KEYS}
-    raw = np.exp(learner().policy_logprobs(plain) - batch["rollout_logp"])
+    raw = np.exp(dis_learner().policy_logprobs(plain) - batch["rollout_logp"])
     assert np.abs(raw[action] - 1).max() > 1e-2
     temperature_1 = np.concatenate([t.output_logprobs for t in turns])
     assert np.abs(temperature_1 - recorded_logp).max() > 1e-2
@@ -117,5 +96,5 @@ def test_identity_decoding_records_no_sampled_logprobs(tmp_path):
     assert not set(SAMPLING_KEYS) & set(batch)
     # The behaviour log-probs are the temperature-1 ones, and the learner agrees.
     action = batch["loss_mask"] > 0
-    logp = learner().policy_logprobs(batch)
+    logp = dis_learner().policy_logprobs(batch)
     np.testing.assert_allclose(logp[action], batch["rollout_logp"][action], atol=2e-4)

@@ -34,6 +34,22 @@ def record(index, won, commands, admissible=None, expert=None, mode=None, task_t
     )
 
 
+def greedy_episodes(num_games, max_steps):
+    """(the evaluation's result, its episodes) on the first games of valid_seen."""
+    episodes = []
+    result = evaluate(
+        sampler(),
+        tokenizer(),
+        split="valid_seen",
+        num_games=num_games,
+        num_envs=num_games,
+        rollout=rollout_config(),
+        env=env_config(max_steps=max_steps),
+        on_episode=episodes.append,
+    )
+    return result, episodes
+
+
 def test_failure_modes_read_the_last_turns():
     go = ["go to desk 1"] * 5
     assert failure_mode(True, go, [True] * 5, [False] * 5, None) == "won"
@@ -56,17 +72,7 @@ def test_failure_modes_read_the_last_turns():
 def test_the_expert_is_replayed_in_the_states_the_policy_was_in():
     """The expert's commands, recomputed from the recorded episode, are what a live env that
     played the same commands answers; a game the expert plays itself agrees on every turn."""
-    episodes = []
-    result = evaluate(
-        sampler(),
-        tokenizer(),
-        split="valid_seen",
-        num_games=3,
-        num_envs=3,
-        rollout=rollout_config(),
-        env=env_config(max_steps=4),
-        on_episode=episodes.append,
-    )
+    result, episodes = greedy_episodes(3, max_steps=4)
     assert len(episodes) == result.episodes == 3
     assert sorted(e.game_index for e in episodes) == [0, 1, 2]
     assert sum(e.won for e in episodes) == round(result.success_rate * 3)
@@ -161,15 +167,5 @@ def test_compare_games_refuses_different_games_and_summarize_none():
     with pytest.raises(ValueError, match="no games"):
         summarize([])
     with pytest.raises(ValueError, match="2 expert commands for an episode of"):
-        episodes = []
-        evaluate(
-            sampler(),
-            tokenizer(),
-            split="valid_seen",
-            num_games=1,
-            num_envs=1,
-            rollout=rollout_config(),
-            env=env_config(max_steps=1),
-            on_episode=episodes.append,
-        )
-        game_record(episodes[0], ["look", "look"])
+        _, (episode,) = greedy_episodes(1, max_steps=1)
+        game_record(episode, ["look", "look"])

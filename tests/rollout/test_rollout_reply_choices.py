@@ -4,17 +4,13 @@ learner's masked log-prob at the rollout weights equals the recorded behaviour o
 1); without the masks the same tokens give another ratio."""
 
 import dataclasses
-import functools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from flax import nnx
 from rollout_testlib import (
     NUM_ENVS,
+    dis_learner,
     env_config,
-    model,
     model_config,
     open_store,
     read_batches,
@@ -23,27 +19,14 @@ from rollout_testlib import (
     tokenizer,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from train_factories import exact_learner_config
-
 from atdp_io.mask_replay import MaskReplay
 from atdp_io.token_masks import MASK_KEYS
 from sao_jax.envs.alfworld import ALFWORLD_PROMPTS
-from sao_jax.models import Transformer
 from sao_jax.rollout import AgentLoop, evaluate
 from sao_jax.rollout.choices import ChoiceMasks
-from sao_jax.train import Learner
 
 TENANT = "choices"
 ROWS = 32
-
-
-@functools.cache
-def learner() -> Learner:
-    dropless = model_config().replace(capacity_factor=0.0)
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(dropless, rngs=nnx.Rngs(0))))
-    policy = nnx.merge(graphdef, nnx.clone(nnx.state(model())))
-    return Learner(exact_learner_config(algorithm="grpo_dis"), policy)
 
 
 def play(layout="windowed", **decoding):
@@ -84,34 +67,29 @@ def test_every_reply_is_a_listed_action_and_trains_with_its_mask(tmp_path, layou
     action = batch["loss_mask"] > 0
     # forced tokens (one allowed id, e.g. the reply's closing tag) carry no choice: left out
     assert 0 < action.sum() < sum(t.output_ids.shape[0] for t in turns)
-    logp = learner().policy_logprobs(batch)
+    logp = dis_learner().policy_logprobs(batch)
     ratio = np.exp(logp - batch["rollout_logp"])
     np.testing.assert_allclose(ratio[action], 1.0, atol=2e-4)
     # not vacuous: without the masks the same tokens are scored under the full vocabulary
     unmasked = {k: v for k, v in batch.items() if k not in MASK_KEYS}
-    raw = np.exp(learner().policy_logprobs(unmasked) - batch["rollout_logp"])
+    raw = np.exp(dis_learner().policy_logprobs(unmasked) - batch["rollout_logp"])
     assert np.abs(raw[action] - 1).max() > 1e-2
 
 
 def test_greedy_evaluation_under_the_choices_never_refuses_a_command():
-    free = evaluate(
-        sampler(),
-        tokenizer(),
-        split="valid_seen",
-        num_games=4,
-        num_envs=4,
-        rollout=rollout_config(prompt_style="compact"),
-        env=env_config(),
-    )
-    kept = evaluate(
-        sampler(),
-        tokenizer(),
-        split="valid_seen",
-        num_games=4,
-        num_envs=4,
-        rollout=rollout_config(prompt_style="compact", reply_choices=True),
-        env=env_config(),
-    )
+    def greedy(reply_choices):
+        rollout = rollout_config(prompt_style="compact", reply_choices=reply_choices)
+        return evaluate(
+            sampler(),
+            tokenizer(),
+            split="valid_seen",
+            num_games=4,
+            num_envs=4,
+            rollout=rollout,
+            env=env_config(),
+        )
+
+    free, kept = greedy(False), greedy(True)
     assert free.invalid_reply_rate + free.inadmissible_rate > 0.5  # a random policy, free
     assert kept.invalid_reply_rate == kept.inadmissible_rate == 0.0
 
