@@ -40,6 +40,30 @@ def allowed_bitmask(matcher: llguidance.LLMatcher, words: int, stop_mask: np.nda
     return mask if mask.any() else stop_mask.copy()
 
 
+class TokenConstraint:
+    """One request's grammar state: the next allowed ids, advanced token by token."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, words: int, stop_mask: np.ndarray):
+        self.matcher = matcher
+        self.words = words
+        self.stop_mask = stop_mask
+
+    def bitmask(self) -> np.ndarray:
+        """[ceil(V / 32)] int32, bit i % 32 of word i // 32 set when id i may come next. A
+        matcher in an error state (a broken grammar) allows only the stop tokens: the reply
+        ends rather than leaving the grammar (`allowed_bitmask`)."""
+        return allowed_bitmask(self.matcher, self.words, self.stop_mask)
+
+    def consume(self, token: int) -> None:
+        """Advance past a sampled token (the mask allowed it, so this cannot fail unless the
+        grammar itself is broken; the matcher then allows only stop tokens)."""
+        self.matcher.consume_token(int(token))
+
+    @property
+    def error(self) -> str | None:
+        return self.matcher.get_error() if self.matcher.is_error() else None
+
+
 def guidance_tokenizer(
     tokenizer_json: str, vocab_size: int, stop_ids: Sequence[int]
 ) -> llguidance.LLTokenizer:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from atdp_io import DecodingParams
+from atdp_io.grammar_masks import TokenConstraint
 from sao_jax.envs.base import (
     INFO_KEYS,
     STEP_INFO_KEYS,
@@ -46,7 +47,7 @@ from sao_jax.envs.base import (
     turn_rewards,
 )
 from sao_jax.envs.registry import EnvConfig
-from sao_jax.rollout.choices import ChoiceConstraint, ChoiceMasks
+from sao_jax.rollout.choices import ChoiceMasks
 from sao_jax.rollout.episode import Episode, Turn
 from sao_jax.rollout.prompts import LAYOUTS, PromptBuilder
 from sao_jax.rollout.run_ids import (
@@ -198,7 +199,7 @@ class _Slot:
     continuation: list[int] | None = None  # concat: ids appended since the last turn
     cache_version: int | None = None  # the weights version that built the slot's whole cache
     grammar: str | None = None  # reply_choices: this turn's grammar (recorded with the call)
-    constraint: ChoiceConstraint | None = None  # ... and its state after the tokens so far
+    constraint: TokenConstraint | None = None  # ... and its state after the tokens so far
 
 
 class AgentLoop:

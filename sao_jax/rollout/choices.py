@@ -18,13 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from atdp_io.grammar_masks import allowed_bitmask, guidance_tokenizer, lark_matcher, stop_bitmask
+from atdp_io.grammar_masks import TokenConstraint, guidance_tokenizer, lark_matcher, stop_bitmask
 from sao_jax.envs.base import PromptHarness
 from sao_jax.tokenizers import Tokenizer
 
 
 class ChoiceMasks:
-    """Builds each turn's grammar and follows it token by token, one `ChoiceConstraint` per
+    """Builds each turn's grammar and follows it token by token, one `TokenConstraint` per
     reply. `vocab_size`: the model's (the logits' width)."""
 
     def __init__(
@@ -67,22 +67,11 @@ class ChoiceMasks:
         )
         return "start: answer\nanswer: " + " | ".join(f"({a})" for a in alternatives) + "\n"
 
-    def start(self, grammar: str) -> ChoiceConstraint:
-        return ChoiceConstraint(lark_matcher(self.guidance, grammar), self.words, self.stop_mask)
+    def start(self, grammar: str) -> TokenConstraint:
+        """The reply's grammar state (`bitmask()` before each token, `consume` after it), as
+        the serving worker follows a constrained request."""
+        return TokenConstraint(lark_matcher(self.guidance, grammar), self.words, self.stop_mask)
 
     def unconstrained(self, rows: int) -> np.ndarray:
         """[rows, words] int32 masks allowing every id (slots that are not generating)."""
         return np.full((rows, self.words), -1, np.int32)
-
-
-class ChoiceConstraint:
-    """One reply's grammar state: `bitmask()` before each token, `consume(token)` after it."""
-
-    def __init__(self, matcher, words: int, stop_mask: np.ndarray):
-        self.matcher, self.words, self.stop_mask = matcher, words, stop_mask
-
-    def bitmask(self) -> np.ndarray:
-        return allowed_bitmask(self.matcher, self.words, self.stop_mask)
-
-    def consume(self, token: int) -> None:
-        self.matcher.consume_token(int(token))
