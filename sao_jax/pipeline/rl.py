@@ -17,6 +17,10 @@ from sao_jax.pipeline.setup import ROLLOUTS, WARMUP, Run
 from sao_jax.train import Learner
 from sao_jax.train.loop import OnlineTrainer
 
+# env-seed offset per episode already played, when a resumed RL phase starts (above the
+# 100,000 per process of `Run.seed_offset`)
+RESUME_SEED_STRIDE = 1 << 20
+
 
 def critic_warmup(run: Run, log: MetricsWriter, learner: Learner, publisher) -> None:
     """Critic-only iterations on rollouts of the starting policy, played synchronously (the
@@ -62,8 +66,15 @@ def reinforcement_learning(
     episodes_before = int(run.rollout_stats.get("episodes", 0))
     writer = run.store.writer(run.tenant(ROLLOUTS))
     retention = run.purge_schedule(ROLLOUTS)  # purges through `writer`
+    # A resumed phase draws fresh games and samples: seeded as the first segment was, its env
+    # stream would replay that segment's games in order. The offset of a resume point sits
+    # above every process's own (`Run.seed_offset`); a fresh run keeps offset 0.
     engine = run.engine(
-        publisher, writer, asynchronous=rl.asynchronous, tenant=ROLLOUTS, seed_offset=0
+        publisher,
+        writer,
+        asynchronous=rl.asynchronous,
+        tenant=ROLLOUTS,
+        seed_offset=RESUME_SEED_STRIDE * episodes_before,
     )
     loader = run.loader(
         ROLLOUTS,

@@ -2,10 +2,11 @@
 `python -m experiments.compare_algos` on two algorithms."""
 
 import json
+import re
 
 import pytest
 
-from atdp_io import trained_on
+from atdp_io import AtdpStore, trained_on
 from experiments import alfworld_sao, compare_algos, inspect_checkpoints
 from sao_jax.metrics import read_metrics
 
@@ -151,6 +152,25 @@ def test_resume_continues_the_run_to_more_policy_steps(finished_run):
     # first resumed step already sees the two earlier steps' drift
     (resumed,) = [r for r in after[len(before) :] if "policy/kl_k3" in r]
     assert resumed["policy/kl_k3"] > 1e-9
+    # the resumed phase plays new games: it does not replay the first segment's in order
+    segments = rl_games_by_engine(out)
+    assert len(segments) == 2
+    first, second = sorted(segments.values(), key=len, reverse=True)
+    assert second and second != first[: len(second)]
+
+
+def rl_games_by_engine(out) -> dict[str, list[int]]:
+    """The RL episodes' game indices in the run's `rollouts` tenant, per rollout engine (its
+    run id's random part), in the order each engine's worker played them."""
+    store = AtdpStore.open(str(out / "atdp"), create=False)
+    reader = store.reader("rollouts", principal="rollouts")
+    reader.refresh()
+    played: dict[str, list[tuple[int, int]]] = {}
+    for trajectory_id in reader.trajectory_ids():
+        engine, group = re.search(r"-r([0-9a-f]{8})-w0-g(\d+)-", trajectory_id).groups()
+        index = reader.read(trajectory_id).header.task["index"]
+        played.setdefault(engine, []).append((int(group), index))
+    return {engine: [index for _, index in sorted(games)] for engine, games in played.items()}
 
 
 def test_bad_overrides_exit_with_a_message_naming_the_key(tmp_path, capsys):
