@@ -66,9 +66,10 @@ def reinforcement_learning(
     episodes_before = int(run.rollout_stats.get("episodes", 0))
     writer = run.store.writer(run.tenant(ROLLOUTS))
     retention = run.purge_schedule(ROLLOUTS)  # purges through `writer`
-    # A resumed phase draws fresh games and samples: seeded as the first segment was, its env
-    # stream would replay that segment's games in order. The offset of a resume point sits
-    # above every process's own (`Run.seed_offset`); a fresh run keeps offset 0.
+    # A resumed phase draws fresh games: seeded as the first segment was, its env stream
+    # would replay that segment's games in order (the sampler's seed stays the run's). The
+    # offset of a resume point sits above every process's own (`Run.seed_offset`); a fresh
+    # run keeps offset 0.
     engine = run.engine(
         publisher,
         writer,
