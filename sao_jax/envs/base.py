@@ -233,7 +233,17 @@ def turn_rewards(
 class TaskSampler:
     """Endless, reproducible stream of task indices of one split: each epoch is a fresh stable
     permutation of `indices` (default 0..num_tasks-1). Envs sharing a sampler draw distinct
-    tasks until the split is exhausted."""
+    tasks until the split is exhausted.
+
+    Failed-task replay (a curriculum in the manner of prioritized level replay, with failure
+    as the priority): with `replay_failed` > 0, whoever plays the stream reports each finished
+    episode with `record(index, won)`, and each draw is, with probability `replay_failed`,
+    the oldest failed task waiting for a replay instead of the permutation's next. A task
+    waits at most once at a time, so the queue never outgrows the split; a win takes it off,
+    and after `replay_limit` replays that all failed it is not queued again (a task the
+    policy cannot win stops taking draws). The draw decisions come from `StableRng`, so a
+    stream is reproducible given the order outcomes are recorded in.
+    """
 
     def __init__(
         self,
@@ -242,6 +252,8 @@ class TaskSampler:
         *,
         seed: int = 0,
         indices: Sequence[int] | None = None,
+        replay_failed: float = 0.0,
+        replay_limit: int = 2,
     ):
         self.split, self.seed = split, seed
         self.indices = tuple(range(num_tasks)) if indices is None else tuple(indices)
@@ -252,10 +264,24 @@ class TaskSampler:
                 raise IndexError(
                     f"{split} has {num_tasks} tasks (0..{num_tasks - 1}), got {index!r}"
                 )
+        check_replay(replay_failed, replay_limit)
+        self.replay_failed, self.replay_limit = float(replay_failed), replay_limit
         self._epoch, self._order, self._position = -1, [], 0
+        self._draws = 0
+        self._waiting: dict[int, None] = {}  # failed tasks waiting for a replay, oldest first
+        self._replays: dict[int, int] = {}  # task -> replays served since it last won
+        self.replays_served = 0
 
     def next_index(self) -> int:
-        """The next task index."""
+        """The next task index: a waiting failed task (probability `replay_failed`), else the
+        permutation's next."""
+        self._draws += 1
+        if self._waiting and self._replay_draw():
+            index = next(iter(self._waiting))
+            del self._waiting[index]
+            self._replays[index] = self._replays.get(index, 0) + 1
+            self.replays_served += 1
+            return index
         if self._position >= len(self._order):
             self._epoch += 1
             self._order = StableRng("sampler", self.split, self.seed, self._epoch).shuffled(
@@ -264,6 +290,39 @@ class TaskSampler:
             self._position = 0
         self._position += 1
         return self._order[self._position - 1]
+
+    def record(self, index: int, won: bool) -> None:
+        """Report how an episode of task `index` ended (feeds the failed-task replay; a no-op
+        when `replay_failed` is 0)."""
+        if not self.replay_failed:
+            return
+        if won:
+            self._waiting.pop(index, None)
+            self._replays.pop(index, None)
+        elif self._replays.get(index, 0) < self.replay_limit:
+            self._waiting.setdefault(index, None)
+
+    @property
+    def waiting(self) -> tuple[int, ...]:
+        """The failed tasks waiting for a replay, oldest first."""
+        return tuple(self._waiting)
+
+    def _replay_draw(self) -> bool:
+        rng = StableRng("replay", self.split, self.seed, self._draws)
+        return rng.below(1 << 30) < self.replay_failed * (1 << 30)
+
+
+def check_replay(replay_failed: float, replay_limit: int) -> None:
+    """Raise a ValueError unless 0 <= replay_failed < 1 and replay_limit is an int >= 1."""
+    if isinstance(replay_failed, bool) or not isinstance(replay_failed, int | float):
+        raise ValueError(f"replay_failed must be a probability, got {replay_failed!r}")
+    if not 0.0 <= replay_failed < 1.0:
+        raise ValueError(
+            f"replay_failed must be in [0, 1) (1 would replay failures forever), got "
+            f"{replay_failed!r}"
+        )
+    if isinstance(replay_limit, bool) or not isinstance(replay_limit, int) or replay_limit < 1:
+        raise ValueError(f"replay_limit must be an int >= 1, got {replay_limit!r}")
 
 
 class TextEnv(abc.ABC):

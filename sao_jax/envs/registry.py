@@ -11,7 +11,7 @@ import dataclasses
 import importlib
 from collections.abc import Mapping, Sequence
 
-from sao_jax.envs.base import TaskSampler, TextEnv
+from sao_jax.envs.base import TaskSampler, TextEnv, check_replay
 
 # Imported lazily: each env's modules import the protocol, not the other way round.
 _BUILTIN = {
@@ -86,6 +86,11 @@ class EnvConfig:
         text-only policy can imitate it) or "oracle" (the planner that reads the true world
         state; upper bounds and tests). Arithmetic: "search" (solves the task text).
       name: the env ("alfworld", "arithmetic" or one added with `register_env`).
+      replay_failed: the probability that a draw of the task stream replays a failed task
+        instead of a fresh one (0: off, the default); see `TaskSampler`. Applies to the
+        endless streams rollouts play (RL, critic warm-up), not to evaluation's fixed games.
+      replay_limit: how many times a failed task is replayed before it is dropped (a win
+        resets its count).
     """
 
     split: str = "train"
@@ -95,9 +100,12 @@ class EnvConfig:
     seed: int = 0
     expert: str = "search"
     name: str = "alfworld"
+    replay_failed: float = 0.0
+    replay_limit: int = 2
 
     def __post_init__(self):
         cls = env_class(self.name)
+        check_replay(self.replay_failed, self.replay_limit)
         if self.expert not in cls.experts:
             raise ValueError(
                 f"EnvConfig.expert must be one of {cls.experts} for {self.name!r}, "
@@ -122,5 +130,12 @@ class EnvConfig:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
         cls = self.env_class
-        sampler = TaskSampler(self.split, cls.splits[self.split], seed=self.seed, indices=indices)
+        sampler = TaskSampler(
+            self.split,
+            cls.splits[self.split],
+            seed=self.seed,
+            indices=indices,
+            replay_failed=self.replay_failed,
+            replay_limit=self.replay_limit,
+        )
         return [cls.from_config(self, sampler) for _ in range(num_envs)]

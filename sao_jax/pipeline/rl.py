@@ -129,6 +129,7 @@ def reinforcement_learning(
                 "rollout/dropped_stale": stats["dropped_stale"],
                 "rollout/invalid_reply_rate": stats["invalid_reply_rate"],
                 "rollout/inadmissible_rate": stats["inadmissible_rate"],
+                "rollout/replayed_tasks": stats["replayed_tasks"],
             }
         )
         metrics.update({k: v for k, v in stats.items() if k.startswith("loader/")})

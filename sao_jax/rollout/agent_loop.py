@@ -299,13 +299,15 @@ class AgentLoop:
         finished group (its G episodes in member order).
 
         games: task indices of the envs' split (each played `group_size` times); default the
-          envs' own endless task stream (their shared `TaskSampler`).
+          envs' own endless task stream (their shared `TaskSampler`, which is told each
+          finished episode's outcome: `TaskSampler.record`, for its failed-task replay).
         admit(n, block): asked before starting a group of n episodes; `block` is True when no
           slot is busy (wait for room, or return False to end the play).
         before_dispatch(): called before every prefill / decode (the weight-sync point).
         stop(): checked every dispatch; in-progress episodes are then abandoned.
         """
         config, group_size = self.config, self.config.group_size
+        shared = None
         if games is None:
             shared = self.envs[0].sampler
             games = (shared.next_index() for _ in itertools.count())
@@ -368,6 +370,9 @@ class AgentLoop:
                         done_groups.append(groups.pop(episode.group_id))
                 for group in done_groups:
                     yielded += len(group)
+                    if shared is not None:  # outcomes steer the stream's failed-task replay
+                        for episode in group:
+                            shared.record(episode.game_index, episode.won)
                     yield group
         finally:
             self.abandoned_episodes += started - yielded

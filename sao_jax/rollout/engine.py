@@ -262,7 +262,8 @@ class RolloutEngine:
     def stats(self) -> dict:
         """Counters since construction (see `RolloutStats`), plus `started_episodes`,
         `consumed_episodes` (reported by `mark_consumed`), `outstanding_episodes` (what
-        admission counts now), `policy_version` (latest published) and `abandoned_episodes`."""
+        admission counts now), `policy_version` (latest published), `abandoned_episodes` and
+        `replayed_tasks` (draws of the task streams that replayed a failed task)."""
         snapshot = self._stats.snapshot()
         version = self.publisher.version
         with self._cond:
@@ -271,6 +272,8 @@ class RolloutEngine:
             snapshot["outstanding_episodes"] = self._budget.outstanding(version)
         snapshot["policy_version"] = version
         snapshot["abandoned_episodes"] = sum(loop.abandoned_episodes for loop in self.loops)
+        # tasks the workers' streams drew as replays of failed ones (`EnvConfig.replay_failed`)
+        snapshot["replayed_tasks"] = sum(loop.envs[0].sampler.replays_served for loop in self.loops)
         return snapshot
 
     def guard(self, iterator: Iterator, poll_s: float = 0.2) -> Iterator:

@@ -170,6 +170,89 @@ def test_task_sampler_is_a_stable_permutation_per_epoch():
         TaskSampler("train", 5, indices=[])
 
 
+def test_task_sampler_without_replay_ignores_outcomes():
+    plain, told = TaskSampler("train", 20, seed=1), TaskSampler("train", 20, seed=1)
+    drawn = []
+    for _ in range(30):
+        drawn.append(told.next_index())
+        told.record(drawn[-1], won=False)
+    assert drawn == [plain.next_index() for _ in range(30)]
+    assert told.waiting == () and told.replays_served == 0
+
+
+def test_failed_task_replay_serves_failures_until_won_or_limit():
+    sampler = TaskSampler("train", 200, seed=0, replay_failed=0.5, replay_limit=2)
+    first = sampler.next_index()
+    sampler.record(first, won=False)
+    assert sampler.waiting == (first,)
+    sampler.record(first, won=False)  # a task waits once at a time
+    assert sampler.waiting == (first,)
+    # a task that always fails comes back exactly `replay_limit` times (within one epoch the
+    # permutation does not draw it again)
+    draws = [first]
+    for _ in range(60):
+        draws.append(sampler.next_index())
+        sampler.record(draws[-1], won=draws[-1] != first)
+    assert draws.count(first) == 3 and sampler.replays_served == 2
+    assert first not in sampler.waiting
+    # the other tasks were won: none waits, none came twice
+    assert sampler.waiting == () and len(set(draws)) == len(draws) - 2
+    # a win takes a waiting task off the queue and resets its count
+    other = TaskSampler("train", 200, seed=0, replay_failed=0.5, replay_limit=1)
+    task = other.next_index()
+    other.record(task, won=False)
+    other.record(task, won=True)
+    assert other.waiting == ()
+    # the oldest failure is replayed first
+    queue = TaskSampler("train", 200, seed=0, replay_failed=0.9)
+    failed = [queue.next_index() for _ in range(3)]
+    for index in failed:
+        queue.record(index, won=False)
+    replayed = [i for i in (queue.next_index() for _ in range(30)) if i in failed]
+    assert replayed == failed
+
+
+def test_failed_task_replay_takes_its_share_of_draws_and_is_reproducible():
+    def stream(seed):
+        sampler = TaskSampler("train", 5000, seed=seed, replay_failed=0.3, replay_limit=100)
+        drawn = []
+        for _ in range(2000):
+            drawn.append(sampler.next_index())
+            sampler.record(drawn[-1], won=False)  # every task fails: the queue never empties
+        return drawn, sampler.replays_served
+
+    drawn, replays = stream(4)
+    assert abs(replays / 2000 - 0.3) < 0.05
+    assert len(drawn) - len(set(drawn)) == replays  # a 5,000-task epoch repeats nothing itself
+    assert stream(4) == (drawn, replays)
+    assert stream(5)[0] != drawn
+
+
+@pytest.mark.parametrize(
+    ("replay_failed", "replay_limit", "message"),
+    [
+        (1.0, 2, r"replay_failed must be in \[0, 1\)"),
+        (-0.1, 2, r"replay_failed must be in \[0, 1\)"),
+        ("0.5", 2, "replay_failed must be a probability"),
+        (True, 2, "replay_failed must be a probability"),
+        (0.5, 0, "replay_limit must be an int >= 1"),
+        (0.5, 1.5, "replay_limit must be an int >= 1"),
+    ],
+)
+def test_failed_task_replay_rejects_bad_settings(replay_failed, replay_limit, message):
+    with pytest.raises(ValueError, match=message):
+        TaskSampler("train", 5, replay_failed=replay_failed, replay_limit=replay_limit)
+    with pytest.raises(ValueError, match=message):
+        EnvConfig(replay_failed=replay_failed, replay_limit=replay_limit)
+
+
+def test_env_config_gives_its_envs_one_replaying_stream():
+    envs = EnvConfig(replay_failed=0.25, replay_limit=3).make_envs(2)
+    assert envs[0].sampler is envs[1].sampler
+    assert (envs[0].sampler.replay_failed, envs[0].sampler.replay_limit) == (0.25, 3)
+    assert EnvConfig().make_envs(1)[0].sampler.replay_failed == 0.0
+
+
 def test_replies_rewards_and_info_checks():
     assert parse_reply(tagged_reply("calc 2 * 3", think=True), think=True).action == "calc 2 * 3"
     assert (

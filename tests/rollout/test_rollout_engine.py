@@ -69,6 +69,34 @@ def test_sync_schedule_plays_exactly_n_with_the_current_weights(tmp_path):
         stats = engine.stats()
         assert stats["episodes"] == 8 and stats["weight_syncs"] == 1
         assert stats["dropped_stale"] == 0 and stats["truncated_step_limit"] == 8
+        assert stats["replayed_tasks"] == 0  # failed-task replay is off by default
+
+
+def test_failed_task_replay_reaches_the_workers_streams(tmp_path):
+    """`EnvConfig.replay_failed`: the workers tell their task streams each outcome, so games
+    the policy failed come back, and the engine counts the replays."""
+    store, publisher = open_store(tmp_path), WeightPublisher()
+    with borrowed_sampler() as sampler, store.writer("alfworld") as writer:
+        engine = RolloutEngine(
+            model(),
+            tokenizer(),
+            writer,
+            publisher,
+            rollout=rollout_config(),
+            env=env_config(max_steps=2, replay_failed=0.6, replay_limit=1),
+            config=EngineConfig(envs_per_worker=4, episodes_per_version=4, asynchronous=False),
+            samplers=[sampler],
+        )
+        engine.generate(16)
+        stats = engine.stats()
+    episodes = committed(store)
+    games = [t.header.task["index"] for t in episodes]
+    won = {t.header.task["index"] for t in episodes if t.outcome.success}
+    assert stats["replayed_tasks"] == len(games) - len(set(games)) > 0
+    # each replay is of a game that had been played and lost (replay_limit=1: once only)
+    counts = {g: games.count(g) for g in games}
+    assert all(n <= 2 for n in counts.values())
+    assert not won & {g for g, n in counts.items() if n == 2}
 
 
 def test_async_admission_stays_within_eta_versions_and_resumes_on_publish(tmp_path):
