@@ -87,8 +87,9 @@ class EnvConfig:
         state; upper bounds and tests). Arithmetic: "search" (solves the task text).
       name: the env ("alfworld", "arithmetic" or one added with `register_env`).
       replay_failed: the probability that a draw of the task stream replays a failed task
-        instead of a fresh one (0: off, the default); see `TaskSampler`. Applies to the
-        endless streams rollouts play (RL, critic warm-up), not to evaluation's fixed games.
+        instead of a fresh one (0: off, the default); see `TaskSampler`. Applies to every
+        endless stream the rollout engine plays (RL, critic warm-up, DAgger rounds, SEED's
+        play), not to evaluation's fixed games.
       replay_limit: how many times a failed task is replayed before it is dropped (a win
         resets its count).
     """
