@@ -129,6 +129,32 @@ def test_replies_kept_to_the_listed_actions_from_a_reused_warm_start(finished_ru
     assert summary["policy_steps"] == first["policy_steps"]
 
 
+@pytest.mark.slow
+def test_failed_task_replay_from_the_command_line(finished_run, tmp_path):
+    """`env.replay_failed` end to end: RL's task stream plays lost games again (the micro
+    policy loses nearly every game), at most `replay_limit` more times each, and the metrics
+    count each replay."""
+    out, _ = finished_run
+    run = tmp_path / "replay"
+    alfworld_sao.main(
+        [
+            *MICRO,
+            "--out",
+            str(run),
+            f"warm_start.from_run={out}",
+            "env.replay_failed=0.9",
+            "env.replay_limit=1",
+            "rl.asynchronous=false",
+            "rl.policy_steps=3",
+        ]
+    )
+    (games,) = rl_games_by_engine(run).values()
+    replayed = [r["rollout/replayed_tasks"] for r in read_metrics(run) if "rollout/episodes" in r]
+    assert replayed[-1] == len(games) - len(set(games)) > 0
+    assert replayed == sorted(replayed)  # a running count
+    assert max(games.count(g) for g in games) == 2  # replay_limit=1: one replay a game
+
+
 def test_inspect_checkpoints_refuses_a_directory_that_holds_no_run(tmp_path):
     with pytest.raises(SystemExit, match="is not a run directory"):
         inspect_checkpoints.main([f"run={tmp_path}"])
