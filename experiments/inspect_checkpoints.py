@@ -3,6 +3,7 @@
     python -m experiments.inspect_checkpoints run=runs/curve_s0 "policy_steps=[0,50,100]"
     python -m experiments.inspect_checkpoints run=runs/x split=valid_seen expert=oracle
     python -m experiments.inspect_checkpoints run=runs/x "run_overrides=[rollout.reply_choices=true]"
+    python -m experiments.inspect_checkpoints run=runs/x temperature=1 samples_per_game=4
 
 Plays the chosen policies of an `experiments.alfworld_sao` run greedily on one split (the
 evaluation the run itself reports: same prompts, games and step limit), and for every game
@@ -14,6 +15,11 @@ start; step n > 0 is the RL checkpoint taken after n policy steps (keep the ones
 end and how often its command is the expert's; and for each pair of consecutive policies the
 games gained and lost, the turn where their play first parts, and whose command there was the
 expert's. Writes `OUT/<split>_step<n>.jsonl` (one game a line) and `OUT/<split>_summary.json`.
+
+With `temperature` > 0 it plays the policies RL samples from instead: `samples_per_game`
+plays a game at that temperature, per-policy figures over all of them, and no game-by-game
+pairs (a game has several outcomes). The records then go to `<split>_t<T>x<N>_step<n>.jsonl`
+and `<split>_t<T>x<N>_summary.json`, beside the greedy ones.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from sao_jax.metrics.progress import ProgressBar
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.setup import WARM_START_DIR, build_model, build_tokenizer, resolve
 from sao_jax.rollout import Sampler, evaluate
+from sao_jax.rollout.evaluate import check_sampling
 from sao_jax.rollout.inspection import (
     FAILURE_MODES,
     GameRecord,
@@ -46,7 +53,7 @@ PROG = "python -m experiments.inspect_checkpoints"
 
 @dataclasses.dataclass
 class InspectConfig:
-    """Greedy games of a run's policies, game by game.
+    """Games of a run's policies (greedy, or sampled), game by game.
 
     Attributes:
       run: an `experiments.alfworld_sao` run directory (its config.yaml, warm start and
@@ -62,6 +69,9 @@ class InspectConfig:
       run_overrides: key=value overrides of the run's config for this replay (e.g.
         `rollout.reply_choices=true`: the same policies with replies kept to the listed
         actions).
+      temperature: 0 plays greedily (what the run's evaluation reports); > 0 samples at this
+        temperature (the policy RL trains), `samples_per_game` plays a game.
+      samples_per_game: plays of each game when sampling (1 when greedy).
     """
 
     run: str = ""
@@ -71,6 +81,19 @@ class InspectConfig:
     expert: str = "search"
     out: str = ""
     run_overrides: tuple[str, ...] = ()
+    temperature: float = 0.0
+    samples_per_game: int = 1
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    @property
+    def label(self) -> str:
+        """The split, and the sampling settings when sampled (the records' file names)."""
+        if not self.sampled:
+            return self.split
+        return f"{self.split}_t{self.temperature:g}x{self.samples_per_game}"
 
 
 def checkpoints_by_version(directory: Path) -> dict[int, int]:
@@ -103,7 +126,7 @@ def policy_sources(config: InspectConfig, run: ExperimentConfig) -> dict[int, tu
 
 
 def play(config: InspectConfig, run: ExperimentConfig, sources) -> dict[int, list[GameRecord]]:
-    """Each policy's greedy games on the split, as records."""
+    """Each policy's games on the split (greedy, or sampled), as records."""
     tokenizer = build_tokenizer(run)
     model = build_model(run, tokenizer)
     sampler = Sampler(model, pad_id=tokenizer.pad_id)
@@ -128,28 +151,31 @@ def play(config: InspectConfig, run: ExperimentConfig, sources) -> dict[int, lis
                 rollout=run.rollout,
                 env=run.env,
                 on_episode=keep,
+                temperature=config.temperature,
+                samples_per_game=config.samples_per_game,
             )
             out[step] = sorted(records, key=lambda r: r.game_index)
             bar.update(metrics={"policy_step": step, "success": summarize(records)["success"]})
     return out
 
 
-def report(records: dict[int, list[GameRecord]]) -> dict:
-    """Per policy: `summarize`; per consecutive pair: `compare_games` (flips as dicts)."""
+def report(records: dict[int, list[GameRecord]], *, pairs: bool = True) -> dict:
+    """Per policy: `summarize`; per consecutive pair (with `pairs`): `compare_games` (flips as
+    dicts)."""
     steps = sorted(records)
-    pairs = {}
-    for before, after in itertools.pairwise(steps):
+    compared = {}
+    for before, after in itertools.pairwise(steps if pairs else ()):
         comparison = compare_games(records[before], records[after])
         comparison["flips"] = [
             {**dataclasses.asdict(f), "agrees": f.agrees} for f in comparison["flips"]
         ]
-        pairs[f"{before}->{after}"] = comparison
-    return {"policies": {s: summarize(records[s]) for s in steps}, "pairs": pairs}
+        compared[f"{before}->{after}"] = comparison
+    return {"policies": {s: summarize(records[s]) for s in steps}, "pairs": compared}
 
 
-def print_report(result: dict, split: str) -> None:
+def print_report(result: dict, split: str, how: str = "Greedy games") -> None:
     modes = ("won", *FAILURE_MODES)
-    print(f"\nGreedy games on {split}, by policy step")
+    print(f"\n{how} on {split}, by policy step")
     header = f"{'step':>6} {'success':>8} " + " ".join(f"{m:>12}" for m in modes)
     print(header + f" {'steps':>6} {'expert':>7}")
     for step, s in result["policies"].items():
@@ -186,16 +212,25 @@ def main(argv: list[str] | None = None) -> dict:
         run = resolve(apply_overrides(run, config.run_overrides))
     except ValueError as error:  # ConfigError, or a config the overrides make invalid
         raise SystemExit(f"error: run_overrides: {error}") from None
+    try:
+        check_sampling(config.temperature, config.samples_per_game)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     sources = policy_sources(config, run)
     records = play(config, run, sources)
     out = Path(config.out or Path(config.run) / "inspect")
     out.mkdir(parents=True, exist_ok=True)
     for step, games in records.items():
-        with open(out / f"{config.split}_step{step}.jsonl", "w") as f:
+        with open(out / f"{config.label}_step{step}.jsonl", "w") as f:
             f.writelines(json.dumps(r.to_json()) + "\n" for r in games)
-    result = report(records)
-    (out / f"{config.split}_summary.json").write_text(json.dumps(result, indent=1))
-    print_report(result, config.split)
+    result = report(records, pairs=not config.sampled)
+    (out / f"{config.label}_summary.json").write_text(json.dumps(result, indent=1))
+    how = (
+        f"Sampled games (temperature {config.temperature:g}, {config.samples_per_game} a game)"
+        if config.sampled
+        else "Greedy games"
+    )
+    print_report(result, config.split, how)
     print(f"\nrecords: {out}")
     return result
 

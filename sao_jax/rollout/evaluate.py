@@ -1,5 +1,5 @@
 """Batched greedy evaluation on a split of any registered env: success overall and per task
-type.
+type (or, on request, success under sampling: the mean over several sampled plays a game).
 
 Every game of the split (or the first `num_games`) is played exactly once with greedy
 decoding over `num_envs` KV-cache slots. MoE routing in the sampler is dropless and each
@@ -108,12 +108,19 @@ def evaluate(
     env: EnvConfig | None = None,
     shard: tuple[int, int] = (0, 1),
     on_episode: Callable[[Episode], None] | None = None,
+    temperature: float = 0.0,
+    samples_per_game: int = 1,
 ) -> EvalResult:
     """Greedy success of `policy` on games 0..num_games-1 of `split` (all by default).
 
     policy: a `Sampler` (reuse one across evaluations: it keeps its compiled kernels; set its
       weights with `update_weights` first) or a `Transformer` (a fresh sampler is built).
-    rollout: prompt / layout / reward settings; decoding is forced greedy and group_size 1.
+    rollout: prompt / layout / reward settings; its own decoding settings and group size are
+      ignored (greedy and one play a game, unless the two arguments below say otherwise).
+    temperature, samples_per_game: > 0 evaluates the policy RL samples from instead of its
+      argmax: each game is played `samples_per_game` times at `temperature` (no top-k / top-p),
+      and the rates are over all those episodes (`episodes` = games x samples). The samples
+      are seeded by `rollout.seed`, so the result is still a pure function of its inputs.
     env: which env (`EnvConfig.name`, default ALFWorld) and its settings (max_steps, ALFWorld's
       size and phrasing); its split and seed are ignored.
     shard: (index, count): play only games index, index + count, ... of those (each process
@@ -135,8 +142,13 @@ def evaluate(
     if not 0 <= index < count:
         raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
     games = range(index, n, count)
+    check_sampling(temperature, samples_per_game)
     rollout = dataclasses.replace(
-        rollout or RolloutConfig(), temperature=0.0, top_k=0, top_p=1.0, group_size=1
+        rollout or RolloutConfig(),
+        temperature=float(temperature),
+        top_k=0,
+        top_p=1.0,
+        group_size=samples_per_game,
     )
     env = dataclasses.replace(env, split=split)
     if isinstance(policy, Transformer):
@@ -165,3 +177,22 @@ def evaluate(
         policy_version=policy.policy_version,
         wall_seconds=time.perf_counter() - start,
     )
+
+
+def check_sampling(temperature: float, samples_per_game: int) -> None:
+    """Raise a ValueError unless (temperature, samples_per_game) is greedy with one play a
+    game, or a positive temperature with >= 1 plays a game."""
+    if isinstance(samples_per_game, bool) or not isinstance(samples_per_game, int):
+        raise ValueError(f"samples_per_game must be an int >= 1, got {samples_per_game!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if temperature < 0 or samples_per_game < 1:
+        raise ValueError(
+            f"temperature must be >= 0 and samples_per_game >= 1, got {temperature!r} and "
+            f"{samples_per_game!r}"
+        )
+    if temperature == 0 and samples_per_game != 1:
+        raise ValueError(
+            f"samples_per_game={samples_per_game} at temperature 0: greedy play repeats itself "
+            "(set a temperature > 0 to evaluate under sampling)"
+        )

@@ -101,6 +101,23 @@ def test_inspect_checkpoints_replays_the_runs_own_evaluations(finished_run, caps
 
 
 @pytest.mark.slow
+def test_inspect_checkpoints_under_sampling(finished_run, capsys):
+    """`temperature` / `samples_per_game`: each game played N times by the sampled policy,
+    written beside the greedy records, no game-by-game pairs; bad settings exit clearly."""
+    out, _ = finished_run
+    inspected = out / "inspected_sampled"
+    argv = [f"run={out}", f"out={inspected}", "policy_steps=[0]"]
+    result = inspect_checkpoints.main([*argv, "temperature=1", "samples_per_game=3"])
+    assert result["pairs"] == {} and result["policies"][0]["games"] == 6  # 2 games x 3
+    lines = (inspected / "valid_unseen_t1x3_step0.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["game_index"] for line in lines) == [0, 0, 0, 1, 1, 1]
+    assert (inspected / "valid_unseen_t1x3_summary.json").is_file()
+    assert "Sampled games (temperature 1, 3 a game)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="greedy play repeats itself"):
+        inspect_checkpoints.main([*argv, "samples_per_game=3"])
+
+
+@pytest.mark.slow
 def test_replies_kept_to_the_listed_actions_from_a_reused_warm_start(finished_run, tmp_path):
     """`rollout.reply_choices` end to end: the reused warm start is evaluated again under the
     choices (its saved evaluation played free replies), and no reply of RL or evaluation is

@@ -51,6 +51,41 @@ def test_deterministic_and_greedy_whatever_the_sampling_settings():
         assert getattr(first, field) == getattr(again, field)
 
 
+def test_evaluation_under_sampling_plays_each_game_n_times_reproducibly():
+    """`temperature` / `samples_per_game`: the policy RL samples from, not its argmax; the
+    result is over games x samples episodes and does not depend on the batch size."""
+    played, greedy_played = [], []
+    sampled = run(num_games=3, temperature=1.0, samples_per_game=2, on_episode=played.append)
+    assert sampled.episodes == 6
+    assert sorted(e.game_index for e in played) == [0, 0, 1, 1, 2, 2]
+    assert {e.decoding.temperature for e in played} == {1.0}
+    again = run(num_games=3, num_envs=3, temperature=1.0, samples_per_game=2)
+    assert (again.success_rate, again.avg_steps, again.invalid_reply_rate) == (
+        sampled.success_rate,
+        sampled.avg_steps,
+        sampled.invalid_reply_rate,
+    )
+    run(num_games=3, on_episode=greedy_played.append)
+    replies = {tuple(e.turns[0].output_ids) for e in played}
+    assert len(replies) > 1  # the samples differ from one another ...
+    assert replies != {tuple(e.turns[0].output_ids) for e in greedy_played}  # ... and from greedy
+
+
+@pytest.mark.parametrize(
+    ("temperature", "samples", "message"),
+    [
+        (0.0, 2, "greedy play repeats itself"),
+        (-0.5, 1, "temperature must be >= 0"),
+        (1.0, 0, "samples_per_game >= 1"),
+        (1.0, 2.0, "samples_per_game must be an int"),
+        ("hot", 1, "temperature must be a number"),
+    ],
+)
+def test_bad_sampling_settings_name_the_problem(temperature, samples, message):
+    with pytest.raises(ValueError, match=message):
+        run(temperature=temperature, samples_per_game=samples)
+
+
 def test_bad_arguments_name_the_problem():
     with pytest.raises(ValueError, match=r"num_games must be in \[1, 140\]"):
         run(num_games=141)
