@@ -276,7 +276,9 @@ class TaskSampler:
         """The next task index: a waiting failed task (probability `replay_failed`), else the
         permutation's next."""
         self._draws += 1
-        if self._waiting and self._replay_draw():
+        if self._waiting and StableRng("replay", self.split, self.seed, self._draws).chance(
+            self.replay_failed
+        ):
             index = next(iter(self._waiting))
             del self._waiting[index]
             self._replays[index] = self._replays.get(index, 0) + 1
@@ -306,10 +308,6 @@ class TaskSampler:
     def waiting(self) -> tuple[int, ...]:
         """The failed tasks waiting for a replay, oldest first."""
         return tuple(self._waiting)
-
-    def _replay_draw(self) -> bool:
-        rng = StableRng("replay", self.split, self.seed, self._draws)
-        return rng.below(1 << 30) < self.replay_failed * (1 << 30)
 
 
 def check_replay(replay_failed: float, replay_limit: int) -> None:

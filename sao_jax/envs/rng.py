@@ -34,6 +34,10 @@ class StableRng:
             raise ValueError(f"below(n) needs n > 0, got {n}")
         return min(int(self._random() * n), n - 1)
 
+    def chance(self, p: float) -> bool:
+        """True with probability p (a Bernoulli draw; p outside [0, 1] is never / always)."""
+        return self._random() < p
+
     def between(self, low: int, high: int) -> int:
         """Uniform integer in [low, high] (both ends included)."""
         return low + self.below(high - low + 1)

@@ -79,6 +79,8 @@ def test_stable_rng_draws_are_deterministic_and_uniform():
     counts = Counter(rng.below(6) for _ in range(6000))
     assert set(counts) == set(range(6)) and all(800 < c < 1200 for c in counts.values())
     assert {rng.between(3, 5) for _ in range(200)} == {3, 4, 5}
+    assert 1300 < sum(rng.chance(0.25) for _ in range(6000)) < 1700
+    assert not any(rng.chance(0.0) for _ in range(100)) and all(rng.chance(1.0) for _ in range(100))
     assert sorted(rng.shuffled(range(10))) == list(range(10))
     with pytest.raises(ValueError, match="empty"):
         rng.choice([])
