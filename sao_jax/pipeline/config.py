@@ -148,6 +148,9 @@ class RLSpec:
         least-squares fit of the warm-up rollouts' Monte-Carlo returns on the critic's
         features (a zero head needs many Adam steps to reach even the mean return).
       idle_timeout_s: a stream idle this long hands over its partial batch.
+      final_temperature: the rollouts' temperature moves linearly from `rollout.temperature`
+        at policy step 0 to this at `policy_steps` (each episode keeps the temperature it
+        started with and is trained against it); None: `rollout.temperature` throughout.
     """
 
     policy_steps: int = 100
@@ -163,10 +166,25 @@ class RLSpec:
     warmup_episodes: int = 16
     critic_head_fit: bool = False
     idle_timeout_s: float = 5.0
+    final_temperature: float | None = None
 
     def __post_init__(self):
         if self.batch_episodes < 0:
             raise ValueError(f"rl.batch_episodes must be >= 0, got {self.batch_episodes}")
+        final = self.final_temperature
+        if final is not None and (
+            isinstance(final, bool) or not isinstance(final, int | float) or not final > 0
+        ):
+            raise ValueError(
+                f"rl.final_temperature must be a number > 0 (or none: no schedule), got {final!r}"
+            )
+
+    def rollout_temperature(self, start: float, policy_step: int) -> float:
+        """The temperature of rollouts that start at `policy_step` (`final_temperature`)."""
+        if self.final_temperature is None:
+            return start
+        progress = min(max(policy_step / max(self.policy_steps, 1), 0.0), 1.0)
+        return start + (self.final_temperature - start) * progress
 
 
 @dataclasses.dataclass
@@ -239,6 +257,11 @@ class ExperimentConfig:
 
     def __post_init__(self):
         self.eval_splits  # noqa: B018  (checked here, not after hours of training)
+        if self.rl.final_temperature is not None and self.rollout.temperature <= 0:
+            raise ValueError(
+                "rl.final_temperature schedules sampled rollouts; rollout.temperature is "
+                f"{self.rollout.temperature} (greedy): set it > 0 or rl.final_temperature=none"
+            )
 
     @property
     def eval_splits(self) -> tuple[str, ...]:

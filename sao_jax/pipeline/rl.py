@@ -96,6 +96,14 @@ def reinforcement_learning(
     )
     if data_state:
         trainer.set_data_state(data_state)
+    start_temperature = config.rollout.temperature
+
+    def follow_schedule() -> None:  # rl.final_temperature; a resumed phase goes on from its step
+        if rl.final_temperature is not None:
+            temperature = rl.rollout_temperature(start_temperature, learner.policy_version)
+            engine.set_temperature(temperature)
+
+    follow_schedule()
     evaluator = PeriodicEval(run, log, publisher)
     # an env-step budget ends the phase first (compare_algos' equal budgets): count those
     by_env_steps = bool(rl.env_steps)
@@ -130,6 +138,7 @@ def reinforcement_learning(
                 "rollout/invalid_reply_rate": stats["invalid_reply_rate"],
                 "rollout/inadmissible_rate": stats["inadmissible_rate"],
                 "rollout/replayed_tasks": stats["replayed_tasks"],
+                "rollout/temperature": engine.temperature,
             }
         )
         metrics.update({k: v for k, v in stats.items() if k.startswith("loader/")})
@@ -137,6 +146,7 @@ def reinforcement_learning(
         done = run.rollout_stats["env_steps"] if by_env_steps else learner.policy_version
         bar.update(min(done, bar.total) - bar.n, metrics=metrics)
         evaluator.maybe(learner)
+        follow_schedule()
         if learner.policy_version - last_checkpoint >= config.checkpoint_every:
             run.seconds["rl"] = rl_before + time.perf_counter() - start
             checkpoint(run, learner, trainer, phase="rl")

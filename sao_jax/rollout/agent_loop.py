@@ -164,9 +164,12 @@ class RolloutConfig:
         """The reward settings the env's reward hook (`TextEnv.rewards`) reads."""
         return RewardWeights(self.win_reward, self.invalid_reply_penalty, self.inadmissible_penalty)
 
-    def sampling(self, stop_ids: Sequence[int], seed: int) -> SamplingParams:
+    def sampling(
+        self, stop_ids: Sequence[int], seed: int, temperature: float | None = None
+    ) -> SamplingParams:
+        """One call's sampling parameters (`temperature`: instead of this config's)."""
         return SamplingParams(
-            temperature=self.temperature,
+            temperature=self.temperature if temperature is None else temperature,
             top_k=self.top_k,
             top_p=self.top_p,
             max_new_tokens=self.max_new_tokens,
@@ -200,6 +203,8 @@ class _Slot:
     cache_version: int | None = None  # the weights version that built the slot's whole cache
     grammar: str | None = None  # reply_choices: this turn's grammar (recorded with the call)
     constraint: TokenConstraint | None = None  # ... and its state after the tokens so far
+    temperature: float = 1.0  # the episode's decoding temperature (fixed when it starts)
+    behaviour: bool = False  # record the transformed log-probs (the transform is not identity)
 
 
 class AgentLoop:
@@ -276,14 +281,34 @@ class AgentLoop:
             if config.reply_choices
             else None
         )
-        # Behaviour log-probs under the sampled transform, only when it is not the identity
-        # (there they equal the temperature-1 ones, and records stay as they were); a token
-        # mask changes the distribution too.
-        self.behaviour = (config.temperature, config.top_k, config.top_p) != (1.0, 0, 1.0)
-        self.behaviour |= self.choices is not None
+        self.temperature = config.temperature  # of the episodes that start next
         self._reset_state()
         self._groups = itertools.count()
         self.abandoned_episodes = 0  # started but never finished (play stopped early)
+
+    @property
+    def behaviour(self) -> bool:
+        """Whether episodes started now record behaviour log-probs under the sampled transform:
+        only when it is not the identity (there they equal the temperature-1 ones, and records
+        stay as they were); a token mask changes the distribution too."""
+        config = self.config
+        transformed = (self.temperature, config.top_k, config.top_p) != (1.0, 0, 1.0)
+        return transformed or self.choices is not None
+
+    def set_temperature(self, temperature: float) -> None:
+        """Decode the episodes that start from now on at `temperature` (> 0: an episode keeps
+        the temperature it started with, and records it with its calls, so the learner's ratio
+        is taken against the distribution each token was sampled from). Safe to call while
+        another thread plays."""
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+        if not temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 to change it during play (greedy episodes carry no "
+                f"behaviour distribution to train on), got {temperature!r}"
+            )
+        SamplingParams(float(temperature), self.config.top_k, self.config.top_p, 1)
+        self.temperature = float(temperature)
 
     # ------------------------------------------------------------------------------ play
     def play(
@@ -419,6 +444,8 @@ class AgentLoop:
             info=info,
             input_ids=ids,
             started_at=time.time(),
+            temperature=self.temperature,
+            behaviour=self.behaviour,
         )
 
     def _call_seed(self, slot: _Slot) -> int:
@@ -451,7 +478,11 @@ class AgentLoop:
         for group, extending in ((full, False), (extend, True)):
             if not group:
                 continue
-            sampling = [self.config.sampling(self.stop_ids, slots[b].seed) for b in group]
+            sampling = [
+                self.config.sampling(self.stop_ids, slots[b].seed, slots[b].temperature)
+                for b in group
+            ]
+            behaviour = any(slots[b].behaviour for b in group)
             generation = self.sampler.weights_generation
             masks = None
             if self.choices is not None:
@@ -464,7 +495,7 @@ class AgentLoop:
                     group,
                     sampling,
                     token_mask=masks,
-                    behaviour=self.behaviour,
+                    behaviour=behaviour,
                 )
             else:
                 tokens = [slots[b].input_ids for b in group]
@@ -476,7 +507,7 @@ class AgentLoop:
                     sampling,
                     cached=cached,
                     token_mask=masks,
-                    behaviour=self.behaviour,
+                    behaviour=behaviour,
                 )
             # weights swapped during the load (another thread): nothing it wrote is reusable
             same_weights = generation == self.sampler.weights_generation
@@ -492,7 +523,7 @@ class AgentLoop:
                 slot.out_ids.append(int(first[i]))
                 slot.out_logp.append(float(logp[i]))
                 slot.out_versions.append(version)
-                if sampled:
+                if slot.behaviour:
                     slot.out_behaviour.append(float(sampled[0][i]))
                 if slot.constraint is not None:
                     slot.constraint.consume(first[i])
@@ -511,8 +542,9 @@ class AgentLoop:
             steps, masks = 1, self.choices.unconstrained(len(slots))
             for b in generating:
                 masks[b] = slots[b].constraint.bitmask()
+        behaviour = any(slots[b].behaviour for b in generating)
         self._state, tokens, logp, emitted, *sampled = self.sampler.decode(
-            self._state, steps, token_mask=masks, behaviour=self.behaviour
+            self._state, steps, token_mask=masks, behaviour=behaviour
         )
         active = np.asarray(self._state.active)
         finished = []
@@ -521,7 +553,7 @@ class AgentLoop:
             slot.out_ids += tokens[b, :n].tolist()
             slot.out_logp += logp[b, :n].tolist()
             slot.out_versions += [version] * n
-            if sampled:
+            if slot.behaviour:
                 slot.out_behaviour += sampled[0][b, :n].tolist()
             if slot.constraint is not None and n:
                 slot.constraint.consume(tokens[b, 0])
@@ -570,7 +602,7 @@ class AgentLoop:
                 latency_s=time.time() - slot.turn_started,
                 info=info,
                 sampled_logprobs=(
-                    np.asarray(slot.out_behaviour, np.float32) if self.behaviour else None
+                    np.asarray(slot.out_behaviour, np.float32) if slot.behaviour else None
                 ),
                 grammar=slot.grammar,
             )
@@ -615,7 +647,7 @@ class AgentLoop:
             truncated_by=truncated_by,
             model_id=self.config.model_id,
             template_fingerprint=self.prompts.fingerprint,
-            decoding=self.decoding,
+            decoding=dataclasses.replace(self.decoding, temperature=slot.temperature),
             worker_id=self.worker_id,
             started_at=slot.started_at,
             group_key=rollout_group_id(self.run_id, self.worker_id, slot.group_id),

@@ -155,6 +155,17 @@ class RolloutEngine:
         self._unsubscribe: Callable[[], None] | None = None
 
     # --------------------------------------------------------------------------- control
+    def set_temperature(self, temperature: float) -> None:
+        """Every worker decodes the episodes it starts from now on at `temperature` (> 0;
+        `AgentLoop.set_temperature`: an episode keeps the temperature it started with)."""
+        for loop in self.loops:
+            loop.set_temperature(temperature)
+
+    @property
+    def temperature(self) -> float:
+        """The temperature the next episodes start with."""
+        return self.loops[0].temperature
+
     def start(self) -> RolloutEngine:
         """Start the asynchronous workers (asynchronous mode only)."""
         if not self.config.asynchronous:
