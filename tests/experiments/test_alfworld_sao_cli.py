@@ -172,6 +172,44 @@ def test_failed_task_replay_from_the_command_line(finished_run, tmp_path):
     assert max(games.count(g) for g in games) == 2  # replay_limit=1: one replay a game
 
 
+@pytest.mark.slow
+def test_rollout_temperature_schedule_from_the_command_line(finished_run, tmp_path):
+    """`rl.final_temperature` end to end: each synchronous round's episodes are played and
+    recorded at the schedule's temperature for that policy step, and the learner trains on
+    them (the recorded behaviour log-probs give a DIS ratio of 1 at the first step)."""
+    out, _ = finished_run
+    run = tmp_path / "cooling"
+    alfworld_sao.main(
+        [
+            *MICRO,
+            "--out",
+            str(run),
+            f"warm_start.from_run={out}",
+            "rl.final_temperature=0.4",
+            "rl.asynchronous=false",
+            "rl.batch_episodes=0",  # a step trains on its round: 2 episodes, one temperature
+            "rl.policy_steps=3",
+        ]
+    )
+    records = [r for r in read_metrics(run) if "rollout/temperature" in r]
+    assert [r["rollout/temperature"] for r in records] == pytest.approx([1.0, 0.8, 0.6])
+    assert records[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    store = AtdpStore.open(str(run / "atdp"), create=False)
+    reader = store.reader("rollouts", principal="rollouts")
+    reader.refresh()
+    played = {}
+    for trajectory_id in reader.trajectory_ids():
+        group = int(re.search(r"-g(\d+)-", trajectory_id).group(1))
+        calls = [e.llm for e in reader.read(trajectory_id).events if e.llm is not None]
+        temperatures = {c.decoding.temperature for c in calls}
+        assert len(temperatures) == 1  # an episode keeps the temperature it started with
+        (temperature,) = temperatures
+        assert all(("sampled_logprobs" in c.decoding.extra) == (temperature != 1.0) for c in calls)
+        played[group] = temperature
+    rounds = [played[g] for g in sorted(played)]
+    assert rounds == pytest.approx([1.0] * 2 + [0.8] * 2 + [0.6] * 2)  # micro: 2 a version
+
+
 def test_inspect_checkpoints_refuses_a_directory_that_holds_no_run(tmp_path):
     with pytest.raises(SystemExit, match="is not a run directory"):
         inspect_checkpoints.main([f"run={tmp_path}"])
@@ -230,6 +268,15 @@ def test_bad_overrides_exit_with_a_message_naming_the_key(tmp_path, capsys):
     with pytest.raises(SystemExit):
         alfworld_sao.main(["--out", str(tmp_path), "rl.batch_episodes=-1"])
     assert "rl.batch_episodes must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alfworld_sao.main(["--out", str(tmp_path), "rl.final_temperature=0"])
+    assert "rl.final_temperature must be a number > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alfworld_sao.main(
+            ["--out", str(tmp_path), "rollout.temperature=0", "rl.final_temperature=0.5"]
+        )
+    assert "rollout.temperature is 0" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 @pytest.mark.slow

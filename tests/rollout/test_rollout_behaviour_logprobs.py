@@ -98,3 +98,52 @@ def test_identity_decoding_records_no_sampled_logprobs(tmp_path):
     action = batch["loss_mask"] > 0
     logp = dis_learner().policy_logprobs(batch)
     np.testing.assert_allclose(logp[action], batch["rollout_logp"][action], atol=2e-4)
+
+
+def test_a_temperature_changed_during_play_applies_to_episodes_that_start_after(tmp_path):
+    """`AgentLoop.set_temperature` (RL's temperature schedule): episodes already started keep
+    theirs; each episode records the temperature it was sampled at, with behaviour log-probs
+    only when it is not 1, and one loader batch of both kinds trains at ratio 1."""
+    loop = AgentLoop(sampler(), tokenizer(), env_config().make_envs(NUM_ENVS), rollout_config())
+    admitted = 0
+
+    def admit(n: int, block: bool) -> bool:
+        nonlocal admitted
+        if admitted == NUM_ENVS // 2:  # half the slots start at 1, half at 0.7
+            loop.set_temperature(0.7)
+        admitted += n
+        return admitted <= NUM_ENVS
+
+    episodes = [e for g in loop.play(admit=admit) for e in g]
+    assert len(episodes) == NUM_ENVS and loop.temperature == 0.7
+    by_temperature = {}
+    for episode in episodes:
+        by_temperature.setdefault(episode.decoding.temperature, []).append(episode)
+        stored = recorded(episode)
+        if episode.decoding.temperature == 1.0:
+            assert all(t.sampled_logprobs is None for t in episode.turns)
+            assert all(s is None for s in stored)
+        else:
+            assert all(t.sampled_logprobs.shape == t.output_ids.shape for t in episode.turns)
+            assert all(isinstance(s, list) for s in stored)
+    assert sorted(by_temperature) == [0.7, 1.0]
+    assert [len(v) for v in by_temperature.values()] == [NUM_ENVS // 2] * 2
+
+    store = open_store(tmp_path / "atdp")
+    with store.writer(TENANT) as writer:
+        writer.append([e.to_trajectory(tenant=TENANT) for e in episodes])
+    (batch,), _ = read_batches(store, TENANT, "windowed", rows=ROWS)
+    action = batch["loss_mask"] > 0
+    cooled = sum(t.output_ids.shape[0] for e in by_temperature[0.7] for t in e.turns)
+    assert np.isclose(batch["sample_temperature"][action], 0.7).sum() == cooled
+    assert (batch["sample_temperature"][action] == 1.0).sum() == action.sum() - cooled
+    ratio = np.exp(dis_learner().policy_logprobs(batch) - batch["rollout_logp"])
+    np.testing.assert_allclose(ratio[action], 1.0, atol=2e-4)
+
+
+@pytest.mark.parametrize("temperature", [0, -0.5, True, "0.7", float("nan")])
+def test_set_temperature_refuses_what_it_cannot_train_on(temperature):
+    loop = AgentLoop(sampler(), tokenizer(), env_config().make_envs(NUM_ENVS), rollout_config())
+    with pytest.raises(ValueError, match="temperature"):
+        loop.set_temperature(temperature)
+    assert loop.temperature == 1.0 and not loop.behaviour
