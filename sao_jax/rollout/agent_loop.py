@@ -288,11 +288,14 @@ class AgentLoop:
 
     @property
     def behaviour(self) -> bool:
-        """Whether episodes started now record behaviour log-probs under the sampled transform:
-        only when it is not the identity (there they equal the temperature-1 ones, and records
-        stay as they were); a token mask changes the distribution too."""
+        """Whether episodes started now record behaviour log-probs under the sampled transform."""
+        return self._records_behaviour(self.temperature)
+
+    def _records_behaviour(self, temperature: float) -> bool:
+        # Only when the transform is not the identity (there they equal the temperature-1
+        # ones, and records stay as they were); a token mask changes the distribution too.
         config = self.config
-        transformed = (self.temperature, config.top_k, config.top_p) != (1.0, 0, 1.0)
+        transformed = (temperature, config.top_k, config.top_p) != (1.0, 0, 1.0)
         return transformed or self.choices is not None
 
     def set_temperature(self, temperature: float) -> None:
@@ -424,7 +427,7 @@ class AgentLoop:
         return same
 
     def _start(self, b: int, index: int, group: int, member: int) -> _Slot:
-        env = self.envs[b]
+        env, temperature = self.envs[b], self.temperature  # read once: set_temperature may run
         observation, info = env.reset(index)
         check_info(info, INFO_KEYS, f"{type(env).__name__}.reset")
         ids = self.prompts.first(info["task"], observation, info["admissible_commands"])
@@ -444,8 +447,8 @@ class AgentLoop:
             info=info,
             input_ids=ids,
             started_at=time.time(),
-            temperature=self.temperature,
-            behaviour=self.behaviour,
+            temperature=temperature,
+            behaviour=self._records_behaviour(temperature),
         )
 
     def _call_seed(self, slot: _Slot) -> int:

@@ -151,19 +151,8 @@ def test_failed_task_replay_from_the_command_line(finished_run, tmp_path):
     """`env.replay_failed` end to end: RL's task stream plays lost games again (the micro
     policy loses nearly every game), at most `replay_limit` more times each, and the metrics
     count each replay."""
-    out, _ = finished_run
-    run = tmp_path / "replay"
-    alfworld_sao.main(
-        [
-            *MICRO,
-            "--out",
-            str(run),
-            f"warm_start.from_run={out}",
-            "env.replay_failed=0.9",
-            "env.replay_limit=1",
-            "rl.asynchronous=false",
-            "rl.policy_steps=3",
-        ]
+    run = three_synchronous_steps(
+        finished_run, tmp_path, "env.replay_failed=0.9", "env.replay_limit=1"
     )
     (games,) = rl_games_by_engine(run).values()
     replayed = [r["rollout/replayed_tasks"] for r in read_metrics(run) if "rollout/episodes" in r]
@@ -177,30 +166,19 @@ def test_rollout_temperature_schedule_from_the_command_line(finished_run, tmp_pa
     """`rl.final_temperature` end to end: each synchronous round's episodes are played and
     recorded at the schedule's temperature for that policy step, and the learner trains on
     them (the recorded behaviour log-probs give a DIS ratio of 1 at the first step)."""
-    out, _ = finished_run
-    run = tmp_path / "cooling"
-    alfworld_sao.main(
-        [
-            *MICRO,
-            "--out",
-            str(run),
-            f"warm_start.from_run={out}",
-            "rl.final_temperature=0.4",
-            "rl.asynchronous=false",
-            "rl.batch_episodes=0",  # a step trains on its round: 2 episodes, one temperature
-            "rl.policy_steps=3",
-        ]
+    run = three_synchronous_steps(
+        finished_run,
+        tmp_path,
+        "rl.final_temperature=0.4",
+        "rl.batch_episodes=0",  # a step trains on its round: 2 episodes, one temperature
     )
     records = [r for r in read_metrics(run) if "rollout/temperature" in r]
     assert [r["rollout/temperature"] for r in records] == pytest.approx([1.0, 0.8, 0.6])
     assert records[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    store = AtdpStore.open(str(run / "atdp"), create=False)
-    reader = store.reader("rollouts", principal="rollouts")
-    reader.refresh()
     played = {}
-    for trajectory_id in reader.trajectory_ids():
+    for trajectory_id, trajectory in rl_trajectories(run):
         group = int(re.search(r"-g(\d+)-", trajectory_id).group(1))
-        calls = [e.llm for e in reader.read(trajectory_id).events if e.llm is not None]
+        calls = [e.llm for e in trajectory.events if e.llm is not None]
         temperatures = {c.decoding.temperature for c in calls}
         assert len(temperatures) == 1  # an episode keeps the temperature it started with
         (temperature,) = temperatures
@@ -240,16 +218,41 @@ def test_resume_continues_the_run_to_more_policy_steps(finished_run):
     assert second and second != first[: len(second)]
 
 
-def rl_games_by_engine(out) -> dict[str, list[int]]:
-    """The RL episodes' game indices in the run's `rollouts` tenant, per rollout engine (its
-    run id's random part), in the order each engine's worker played them."""
+def three_synchronous_steps(finished_run, tmp_path, *overrides: str):
+    """A run of 3 synchronous RL steps from the finished run's warm start, with `overrides`;
+    its directory."""
+    out, _ = finished_run
+    run = tmp_path / "rl"
+    alfworld_sao.main(
+        [
+            *MICRO,
+            "--out",
+            str(run),
+            f"warm_start.from_run={out}",
+            "rl.asynchronous=false",
+            "rl.policy_steps=3",
+            *overrides,
+        ]
+    )
+    return run
+
+
+def rl_trajectories(out):
+    """(trajectory id, trajectory) of every RL episode in the run's `rollouts` tenant."""
     store = AtdpStore.open(str(out / "atdp"), create=False)
     reader = store.reader("rollouts", principal="rollouts")
     reader.refresh()
-    played: dict[str, list[tuple[int, int]]] = {}
     for trajectory_id in reader.trajectory_ids():
+        yield trajectory_id, reader.read(trajectory_id)
+
+
+def rl_games_by_engine(out) -> dict[str, list[int]]:
+    """The RL episodes' game indices in the run's `rollouts` tenant, per rollout engine (its
+    run id's random part), in the order each engine's worker played them."""
+    played: dict[str, list[tuple[int, int]]] = {}
+    for trajectory_id, trajectory in rl_trajectories(out):
         engine, group = re.search(r"-r([0-9a-f]{8})-w0-g(\d+)-", trajectory_id).groups()
-        index = reader.read(trajectory_id).header.task["index"]
+        index = trajectory.header.task["index"]
         played.setdefault(engine, []).append((int(group), index))
     return {engine: [index for _, index in sorted(games)] for engine, games in played.items()}
 
