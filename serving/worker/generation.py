@@ -194,9 +194,19 @@ class TextTracker:
         return ids[:-1] if ids and ids[-1] in self.stop_ids else ids
 
     def _find_stop(self, text: str) -> tuple[int, str] | None:
-        hits = [(text.find(s, self._searched), s) for s in self.stop]
-        hits = [(i, s) for i, s in hits if i >= 0]
-        return min(hits) if hits else None
+        """(start, stop string) of the stop string complete first in `text`: the earliest end,
+        at a tie the earliest start. Streaming one character at a time stops there, so the cut
+        does not depend on how many tokens each update brings (by earliest start, "a>>" with
+        stops ">" and "a>>" cut at ">" when it came in two updates and before "a" in one)."""
+        hits = []
+        for stop in self.stop:
+            start = text.find(stop, self._searched)
+            if start >= 0:
+                hits.append((start + len(stop), start, stop))
+        if not hits:
+            return None
+        _, start, stop = min(hits)
+        return start, stop
 
     def _holdback(self, text: str) -> int:
         """Characters at the end of `text` that may not be sent yet: an unfinished UTF-8

@@ -84,6 +84,18 @@ def test_stop_string_inside_a_token_drops_the_straddling_token(chunk):
     assert final == "The an"
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_the_stop_string_complete_first_ends_the_reply_however_the_tokens_arrive(chunk):
+    # ">" is complete after two characters, "a>>" (which starts earlier) after three: a reply
+    # streamed a token at a time stops at ">", so every chunking must (found by hypothesis in
+    # the worker-failover test below: the continuing worker saw "a>>" in one update)
+    emitted, _, hit, final = stream("a>>", stop=(">", "a>>"), chunk=chunk)
+    assert (emitted, hit, final) == ("a", ">", "a")
+    # at a tie of ends, the stop that starts first cuts: nothing of "a>" is sent
+    emitted, _, hit, final = stream("ba>", stop=(">", "a>"), chunk=chunk)
+    assert (emitted, hit, final) == ("b", "a>", "b")
+
+
 @given(
     st.text(alphabet="ab c\n\u00e9\u6587\U0001f600<>|", min_size=1, max_size=40),
     st.lists(st.text(alphabet="ab c\u00e9>", min_size=1, max_size=3), max_size=3),
