@@ -310,7 +310,6 @@ class AgentLoop:
                 f"temperature must be > 0 to change it during play (greedy episodes carry no "
                 f"behaviour distribution to train on), got {temperature!r}"
             )
-        SamplingParams(float(temperature), self.config.top_k, self.config.top_p, 1)
         self.temperature = float(temperature)
 
     # ------------------------------------------------------------------------------ play
