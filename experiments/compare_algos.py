@@ -9,10 +9,11 @@ For each seed the first algorithm's run clones the expert and evaluates the clon
 other algorithm of that seed starts from that same policy and evaluation (`warm_start.from_run`);
 `warm_start_runs` starts every algorithm from an earlier run's warm start instead, one per seed.
 Every run stops after `env_steps` environment steps of RL rollouts. Outputs in DIR: one run
-directory per (algorithm, seed), `comparison.json`, a table on the terminal (mean and spread over
-seeds) and `comparison.png` (rollout success and stability signals, seed-averaged per algorithm).
-Finished runs are reused when the command is repeated with `--resume`. The algorithm list takes
-any name registered in `sao_jax.train.ALGORITHMS` (a SEED variant, once registered, too).
+directory per (algorithm, seed), `comparison.json`, a table on the terminal (mean ± sample std
+over seeds; one seed: its value) and `comparison.png` (rollout success and stability signals,
+seed-averaged per algorithm). Finished runs are reused when the command is repeated with
+`--resume`. The algorithm list takes any name registered in `sao_jax.train.ALGORITHMS` (a SEED
+variant, once registered, too).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from sao_jax.config_cli import apply_overrides, parse_cli
+from sao_jax.metrics.seeds import format_mean_std
 
 PLOT_KEYS = (
     "batch/success_rate",
@@ -222,12 +224,10 @@ def compare(config: CompareConfig) -> dict:
     for algorithm, summaries in results.items():
         row = {"algorithm": labels[algorithm], "seeds": len(summaries)}
         for key in ("unseen_success_start", "unseen_success_end", "seen_success_end"):
-            values = np.asarray([s[key] for s in summaries], float)
-            row[key] = f"{values.mean():.3f} ± {values.std():.3f}"
-        gain = np.asarray(
-            [s["unseen_success_end"] - s["unseen_success_start"] for s in summaries], float
-        )
-        row["unseen_gain"] = f"{gain.mean():+.3f} ± {gain.std():.3f}"
+            values = [float(s[key]) for s in summaries]
+            row[key] = format_mean_std(values, scale=1.0, signed=False, digits=3, pm="±")
+        gain = [float(s["unseen_success_end"] - s["unseen_success_start"]) for s in summaries]
+        row["unseen_gain"] = format_mean_std(gain, scale=1.0, digits=3, pm="±")
         for key in ("policy_steps", "rl_env_steps", "rl_seconds"):
             row[key] = float(np.mean([s[key] for s in summaries]))
         for key in TAIL_KEYS:
@@ -235,7 +235,7 @@ def compare(config: CompareConfig) -> dict:
             row[key.split("/")[-1]] = float(np.mean(values)) if values else None
         row.update(seed_columns(summaries) if _is_seed(algorithm) else {})
         rows.append(row)
-    table = summary_table(rows, floatfmt=".3g")
+    table = summary_table(rows, floatfmt=".3g", numparse=False)
     print(table)
     (out / "comparison.txt").write_text(table + "\n")
     (out / "comparison.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2))

@@ -28,12 +28,15 @@ def summary_table(
     *,
     floatfmt: str = ".4g",
     tablefmt: str = "simple",
+    numparse: bool = True,
 ) -> str:
     """A text table.
 
     `rows` is either one mapping (printed as `metric | value` lines) or a list of mappings
     (one row each; columns are the union of keys in first-seen order, blanks where absent),
-    e.g. one row per algorithm or per task type.
+    e.g. one row per algorithm or per task type. Floats are written with `floatfmt`;
+    `numparse=False` prints every string cell as written (tabulate otherwise reads a string
+    like "+0.017" as a number and drops its sign).
     """
     if isinstance(rows, Mapping):
         if not rows:
@@ -43,6 +46,7 @@ def summary_table(
             headers=["metric", "value"],
             floatfmt=floatfmt,
             tablefmt=tablefmt,
+            disable_numparse=not numparse,
         )
     rows = list(rows)
     if not rows:
@@ -52,7 +56,13 @@ def summary_table(
             raise TypeError(f"row {index} is {type(row).__name__}; expected a dict")
     columns = list(dict.fromkeys(key for row in rows for key in row))
     table = [[_cell(row.get(column, ""), floatfmt) for column in columns] for row in rows]
-    return tabulate(table, headers=columns, floatfmt=floatfmt, tablefmt=tablefmt)
+    return tabulate(
+        table,
+        headers=columns,
+        floatfmt=floatfmt,
+        tablefmt=tablefmt,
+        disable_numparse=not numparse,
+    )
 
 
 def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path | None:

@@ -74,3 +74,13 @@ def test_save_summary_on_process_zero_only(tmp_path, monkeypatch):
     monkeypatch.setattr("jax.process_index", lambda: 0)
     path = save_summary(tmp_path / "run", {"success": 0.5})
     assert json.loads(path.read_text()) == {"success": 0.5}
+
+
+def test_numparse_off_keeps_signed_and_padded_strings_as_written():
+    rows = [{"algo": "sao", "gain": "+0.017", "end": "0.150", "steps": 3.0}]
+    parsed = summary_table(rows, floatfmt=".3g").splitlines()[2].split()
+    assert parsed[1:3] == ["0.017", "0.15"]  # tabulate reads the strings as numbers
+    kept = summary_table(rows, floatfmt=".3g", numparse=False).splitlines()[2].split()
+    assert kept == ["sao", "+0.017", "0.150", "3"]
+    single = summary_table({"gain": "+1.5"}, numparse=False).splitlines()[2].split()
+    assert single == ["gain", "+1.5"]
