@@ -304,6 +304,9 @@ def test_compare_algos_runs_each_algorithm_from_one_warm_start(tmp_path, capsys)
     assert not (tmp_path / "grpo-seed0" / "warm_start").exists()
     assert (tmp_path / "comparison.png").stat().st_size > 10_000
     assert "GRPO" in (tmp_path / "comparison.txt").read_text()
+    gain = rows["SAO"]["unseen_gain"]
+    assert gain[0] in "+-" and "±" not in gain  # one seed: its value alone, signed
+    assert gain in (tmp_path / "comparison.txt").read_text()  # printed as written
 
     # A comparison started from earlier runs' warm starts (`warm_start_runs`, one per seed)
     # gives that seed's warm start to every algorithm (its runs save none of their own).
