@@ -102,10 +102,20 @@ class Run:
     summary: dict[str, Any] | None
     seed: int | None
     from_run: str | None
+    label: str = ""  # its column in the tables: the directory's name, its path if not unique
 
-    @property
-    def label(self) -> str:
-        return self.path.name
+    def __post_init__(self):
+        self.label = self.label or self.path.name
+
+
+def label_uniquely(runs: list[Run]) -> list[Run]:
+    """`runs`, each labelled by its directory's name, or by its path where two names agree
+    (e.g. `runs/a/seed0` and `runs/b/seed0`), so no run's column hides another's."""
+    names = [run.path.name for run in runs]
+    return [
+        dataclasses.replace(run, label=str(run.path) if names.count(run.path.name) > 1 else "")
+        for run in runs
+    ]
 
 
 def start_key(split: str, tag: str = "start") -> str:
@@ -422,7 +432,7 @@ def render(blocks: list[tuple[str, list[dict]]], notes: list[str], tablefmt: str
 def compare(config: CompareRunsConfig) -> dict:
     """Read every run, compute the tables; CompareError on input it cannot use."""
     groups = {
-        name: [load_run(path) for path in expand(pattern, f"group {name}:")]
+        name: label_uniquely([load_run(path) for path in expand(pattern, f"group {name}:")])
         for name, pattern in config.group_globs().items()
     }
     controls = {}

@@ -184,3 +184,14 @@ def test_the_module_runs_from_the_command_line(runs):
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: group m: 'nowhere*' matches no directory"
     assert not (runs / "bad").exists()
+
+
+def test_runs_with_the_same_directory_name_keep_their_own_columns(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for place, gain in (("a", 5), ("b", 15)):
+        make_run(Path(f"{place}/seed0"), 0, curve={10: 0.5 + gain / 100}, batch=0.6)
+    result = compare_runs.main(["groups=[m=*/seed0]", "out=out"])
+    curve = result["groups"]["m"]["curve"]
+    assert set(curve["runs"]) == {"a/seed0", "b/seed0"}  # by path, not the shared name
+    step10 = next(row for row in curve["steps"] if row["policy_step"] == 10)
+    assert step10["gain"]["n"] == 2 and step10["gain"]["text"] == "+10.0 +- 7.1"
