@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from sao_jax.config_cli import apply_overrides, parse_cli
-from sao_jax.metrics.seeds import format_mean_std
+from sao_jax.metrics.seeds import format_mean_std, rl_records
 
 PLOT_KEYS = (
     "batch/success_rate",
@@ -157,7 +157,7 @@ def release_compiled_programs() -> None:
 
 
 def _tail_means(records: list[dict], keys=TAIL_KEYS) -> dict[str, float]:
-    rl = [r for r in records if r.get("phase") == 1.0]
+    rl = rl_records(records)
     tail = rl[-max(1, len(rl) // 4) :]
     out = {}
     for key in keys:
@@ -169,7 +169,7 @@ def _tail_means(records: list[dict], keys=TAIL_KEYS) -> dict[str, float]:
 
 def _seed_averaged(runs: list[list[dict]], keys=PLOT_KEYS) -> list[dict]:
     """Records averaged over seeds, aligned on the learner iteration index within RL."""
-    per_run = [[r for r in records if r.get("phase") == 1.0] for records in runs]
+    per_run = [rl_records(records) for records in runs]
     length = min((len(r) for r in per_run), default=0)
     averaged = []
     for i in range(length):

@@ -35,13 +35,12 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tabulate import tabulate
 from yaml import YAMLError  # omegaconf's parser (a dependency of omegaconf)
 
 from sao_jax.config_cli import parse_cli
 from sao_jax.metrics.seeds import eval_curve, format_mean_std, gains, mean_std, windowed_differences
-from sao_jax.metrics.summary import SUMMARY_FILE
-from sao_jax.metrics.writer import METRICS_FILE, decode_value, encode_value, read_metrics
+from sao_jax.metrics.summary import SUMMARY_FILE, json_ready, summary_table
+from sao_jax.metrics.writer import METRICS_FILE, decode_value, read_metrics
 
 PROG = "python -m experiments.compare_runs"
 START_END_SPLITS = ("valid_unseen", "valid_seen")
@@ -302,15 +301,6 @@ def control_section(runs: list[Run], controls: Mapping[Path, Run], window: int) 
 # -- tables, plot, files ------------------------------------------------------------------------
 
 
-def _table(rows: list[dict[str, Any]], tablefmt: str) -> str:
-    # Like `sao_jax.metrics.summary_table`, but cells are kept as written: tabulate would read
-    # a column of "+3.1"-like strings as numbers and drop the signs of the gains.
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    body = [[row.get(column, "") for column in columns] for row in rows]
-    align = ("left", *["right"] * (len(columns) - 1))
-    return tabulate(body, headers=columns, tablefmt=tablefmt, disable_numparse=True, colalign=align)
-
-
 def _pct(value: float) -> str:
     return f"{value * POINTS:.1f}"
 
@@ -408,21 +398,12 @@ def plot(results: Mapping[str, dict], split: str, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def _plain(value: Any) -> Any:
-    """JSON-able: non-finite floats as "nan" / "inf" (as metrics.jsonl), keys as strings."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return encode_value(value) if isinstance(value, float) else value
-
-
 def render(blocks: list[tuple[str, list[dict]]], notes: list[str], tablefmt: str) -> str:
     markdown = tablefmt == "github"
     parts = []
     for title, rows in blocks:
         parts.append(f"### {title}\n" if markdown else f"{title}\n")
-        parts.append(_table(rows, tablefmt) + "\n")
+        parts.append(summary_table(rows, tablefmt=tablefmt, numparse=False) + "\n")
     if notes:
         parts.append("\n".join(("- " if markdown else "note: ") + note for note in notes) + "\n")
     std = "std: sample standard deviation over runs (n - 1); one run: its value alone.\n"
@@ -479,7 +460,9 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "compare.md").write_text(
         "# Runs compared: mean +- std over seeds\n\n" + render(blocks, result["notes"], "github")
     )
-    (out / "compare.json").write_text(json.dumps(_plain(result), indent=1, allow_nan=False) + "\n")
+    (out / "compare.json").write_text(
+        json.dumps(json_ready(result), indent=1, allow_nan=False) + "\n"
+    )
     plot(result["groups"], config.split, out / "compare.png")
     print(f"\nwrote {out / 'compare.png'}, compare.json, compare.md")
     return result

@@ -90,10 +90,15 @@ def eval_curve(records: Records, split: str) -> dict[int, float]:
     return dict(sorted(curve.items()))
 
 
+def rl_records(records: Records) -> list[Mapping[str, Any]]:
+    """The records of RL iterations (learner `phase` 1: critic warm-up iterations are left
+    out), in file order."""
+    return [r for r in records if r.get("phase") == RL_PHASE]
+
+
 def rl_iterations(records: Records, key: str = BATCH_SUCCESS_KEY) -> list[float]:
-    """`key` of each RL iteration (learner `phase` 1: critic warm-up iterations are left out),
-    in file order."""
-    return [float(r[key]) for r in records if r.get("phase") == RL_PHASE and _number(r.get(key))]
+    """`key` of each RL iteration that logged it (`rl_records`), in file order."""
+    return [float(r[key]) for r in rl_records(records) if _number(r.get(key))]
 
 
 def windowed_differences(

@@ -36,7 +36,7 @@ def summary_table(
     (one row each; columns are the union of keys in first-seen order, blanks where absent),
     e.g. one row per algorithm or per task type. Floats are written with `floatfmt`;
     `numparse=False` prints every string cell as written (tabulate otherwise reads a string
-    like "+0.017" as a number and drops its sign).
+    like "+0.017" as a number and drops its sign), right-aligned after the first column.
     """
     if isinstance(rows, Mapping):
         if not rows:
@@ -47,6 +47,7 @@ def summary_table(
             floatfmt=floatfmt,
             tablefmt=tablefmt,
             disable_numparse=not numparse,
+            colalign=None if numparse else ("left", "right"),
         )
     rows = list(rows)
     if not rows:
@@ -62,7 +63,19 @@ def summary_table(
         floatfmt=floatfmt,
         tablefmt=tablefmt,
         disable_numparse=not numparse,
+        colalign=None if numparse else ("left", *["right"] * (len(columns) - 1)),
     )
+
+
+def json_ready(value: Any, name: str = "") -> Any:
+    """`value` for `json.dumps(..., allow_nan=False)`, with numbers as in metrics.jsonl:
+    non-finite floats as "nan" / "inf", 0-d arrays as numbers, mappings (keys as strings) and
+    sequences kept; anything else a ValueError naming where it sits (`name`)."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v, f"{name}/{k}" if name else str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    return encode_value(to_scalar(name, value))
 
 
 def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path | None:
@@ -73,15 +86,8 @@ def save_summary(out_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path
     way, nothing is written and None is returned.
     """
 
-    def plain(value: Any, name: str) -> Any:
-        if isinstance(value, Mapping):
-            return {str(k): plain(v, f"{name}/{k}") for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v, f"{name}[{i}]") for i, v in enumerate(value)]
-        return encode_value(to_scalar(name, value))
-
     flatten_metrics(summary)  # validates the keys
-    text = json.dumps({k: plain(v, k) for k, v in summary.items()}, indent=2, allow_nan=False)
+    text = json.dumps(json_ready(summary), indent=2, allow_nan=False)
     if jax.process_index() != 0:
         return None
     path = Path(out_dir) / SUMMARY_FILE
