@@ -104,6 +104,11 @@ class ModelConfig:
         module per layer at `layers/{i}/...`, run in a Python loop).
       remat: rematerialisation policy of each layer's backward pass, one of `REMAT_POLICIES`
         ("none", "full", "dots_with_no_batch_dims"); applies with and without scan_layers.
+      attention_query_block: causal self-attention without a KV cache (training, scoring)
+        runs its queries in blocks of this many tokens, each against the keys up to its end
+        only (`layers.attend_causal`: about half the score matrix; at most 8 blocks a row,
+        longer rows take longer blocks); 0: the whole row at once. Same result up to float32
+        rounding; decoding with a KV cache is unaffected.
     """
 
     vocab_size: int
@@ -130,6 +135,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: str = "none"
+    attention_query_block: int = 64
 
     def __post_init__(self):
         positive = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim")
@@ -157,6 +163,11 @@ class ModelConfig:
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"ModelConfig.{name} must be float32/bfloat16/float16")
         check_remat(self.remat)
+        if self.attention_query_block < 0:
+            raise ValueError(
+                f"ModelConfig.attention_query_block must be >= 0 (0: the whole row), got "
+                f"{self.attention_query_block}"
+            )
         object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
 
     def is_moe_layer(self, layer: int) -> bool:

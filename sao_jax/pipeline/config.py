@@ -36,6 +36,8 @@ class ModelSpec:
         of depth; `sao_jax.models.ModelConfig.scan_layers`).
       remat: per-layer rematerialisation policy: none, full, dots_with_no_batch_dims
         (`ModelConfig.remat`; `launch_tpu --remat` passes it here).
+      attention_query_block: query tokens per block of causal self-attention in training
+        (`ModelConfig.attention_query_block`; 0: the whole row at once).
     """
 
     preset: str = "tiny"
@@ -53,6 +55,7 @@ class ModelSpec:
     initializer_range: float | None = None
     scan_layers: bool | None = None
     remat: str | None = None
+    attention_query_block: int | None = None
 
     def overrides(self) -> dict:
         skip = {"preset", "hf_path"}
