@@ -127,7 +127,6 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
         dataclasses.replace(config.warm_start.optimizer, learning_rate=spec.sft_learning_rate),
         moe_aux=config.learner.moe,
         pack_rows=config.learner.pack_rows,
-        pack_row_multiple=config.learner.pack_row_multiple,
         mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
     cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's

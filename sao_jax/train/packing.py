@@ -44,7 +44,12 @@ def row_lengths(segment_ids: np.ndarray) -> np.ndarray:
 
 
 def plan_packing(
-    lengths: np.ndarray, packed_len: int, *, row_multiple: int = 1, min_rows: int = 0
+    lengths: np.ndarray,
+    packed_len: int,
+    *,
+    row_multiple: int = 1,
+    min_rows: int = 0,
+    geometric: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """First-fit decreasing of rows of `lengths` into packed rows of `packed_len` positions.
 
@@ -56,6 +61,8 @@ def plan_packing(
         shape, so a run compiles two or three instead of one per batch, at most a third of
         the rows padding; a multiple of the row shards under a mesh).
       min_rows: at least this many packed rows (several processes agree on one count).
+      geometric: False rounds the count up to a multiple of `row_multiple` only
+        (`bucket_rows`).
     Returns:
       (pack_row [R] int32, pack_offset [R] int32, packed_rows): row r's tokens go to packed row
       `pack_row[r]` starting at column `pack_offset[r]`; empty rows get (0, 0).
@@ -82,15 +89,20 @@ def plan_packing(
             used.append(0)
         pack_row[r], pack_offset[r] = bin_index, used[bin_index]
         used[bin_index] += n
-    return pack_row, pack_offset, bucket_rows(max(len(used), min_rows, 1), row_multiple)
+    count = max(len(used), min_rows, 1)
+    return pack_row, pack_offset, bucket_rows(count, row_multiple, geometric=geometric)
 
 
-def bucket_rows(count: int, multiple: int) -> int:
+def bucket_rows(count: int, multiple: int, *, geometric: bool = True) -> int:
     """The smallest of `multiple` x {1, 2, 3, 4, 6, 8, 12, 16, ...} (powers of two and 1.5x
-    them) that holds `count`: few distinct shapes, at most a third of them padding."""
+    them) that holds `count`: few distinct shapes, at most a third of them padding. With
+    `geometric=False`, the smallest multiple of `multiple` (for batches whose counts stay close
+    together, such as cloning batches of a fixed number of turns)."""
     if multiple < 1:
         raise ValueError(f"row_multiple must be >= 1, got {multiple}")
     units = -(-count // multiple)
+    if not geometric:
+        return units * multiple
     power = 1
     while power < units:
         if power >= 2 and power * 3 // 2 >= units:
@@ -106,6 +118,7 @@ def pack_batch(
     row_multiple: int = 1,
     min_rows: int = 0,
     pad_id: int = 0,
+    geometric: bool = True,
 ) -> dict[str, np.ndarray]:
     """The `PACK_KEYS` arrays of a loader batch (`tokens`, `positions`, `segment_ids` [R, T]).
 
@@ -114,7 +127,8 @@ def pack_batch(
     row's order in its packed row), so no two rows of a packed row share a segment.
 
     Returns `packed_tokens`, `packed_positions`, `packed_segment_ids` [R_p, T_p] int32 and
-    `pack_row`, `pack_offset` [R] int32 (see `plan_packing`); T_p = `packed_len` (default T).
+    `pack_row`, `pack_offset` [R] int32 (see `plan_packing`, also for `geometric`); T_p =
+    `packed_len` (default T).
     """
     tokens = np.asarray(batch["tokens"])
     segment_ids = np.asarray(batch["segment_ids"])
@@ -123,7 +137,7 @@ def pack_batch(
     packed_len = length if packed_len is None else packed_len
     lengths = row_lengths(segment_ids)
     pack_row, pack_offset, count = plan_packing(
-        lengths, packed_len, row_multiple=row_multiple, min_rows=min_rows
+        lengths, packed_len, row_multiple=row_multiple, min_rows=min_rows, geometric=geometric
     )
     packed_tokens = np.full((count, packed_len), pad_id, np.int32)
     packed_positions = np.zeros((count, packed_len), np.int32)
@@ -156,21 +170,30 @@ def packed_fraction(batch: Mapping[str, np.ndarray]) -> float:
 
 
 def pack_for_placement(
-    host: Mapping[str, np.ndarray], placement: Placement, row_multiple: int
+    host: Mapping[str, np.ndarray],
+    placement: Placement,
+    row_multiple: int,
+    *,
+    packed_len: int | None = None,
+    geometric: bool = True,
 ) -> dict[str, np.ndarray]:
-    """`pack_batch` of this process's rows, shaped for `placement`: the packed row count
-    is a bucket (`bucket_rows`) of a multiple of `row_multiple` and of this process's row shards, the same on every process
-    (an exchange with several), and `pack_row` indexes the global packed grid."""
+    """`pack_batch` of this process's rows, shaped for `placement`: packed rows of
+    `packed_len` positions (default: the batch's row length), their count a bucket
+    (`bucket_rows`, `geometric` or not) of a multiple of `row_multiple` and of this process's
+    row shards, the same on every process (an exchange with several); `pack_row` indexes the
+    global packed grid."""
     processes = jax.process_count()
     multiple = math.lcm(row_multiple, max(1, placement.row_shards() // processes))
     lengths = row_lengths(host["segment_ids"])
-    length = np.shape(host["tokens"])[1]
-    _, _, count = plan_packing(lengths, length, row_multiple=multiple)
+    length = np.shape(host["tokens"])[1] if packed_len is None else packed_len
+    _, _, count = plan_packing(lengths, length, row_multiple=multiple, geometric=geometric)
     if processes > 1:
         from sao_jax.distributed.host_sync import allgather_numbers
 
         count = int(allgather_numbers([count]).max())
-    packed = pack_batch(host, row_multiple=multiple, min_rows=count)
+    packed = pack_batch(
+        host, packed_len=length, row_multiple=multiple, min_rows=count, geometric=geometric
+    )
     if processes > 1:
         packed["pack_row"] = packed["pack_row"] + jax.process_index() * count
     return packed

@@ -21,7 +21,7 @@ from sao_jax.models import MoeAuxConfig, Transformer
 from sao_jax.models.logprobs import LOGPROB_CHUNK
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import objectives
-from sao_jax.train.config import ALL_PARAMETERS, PACK_ROW_MULTIPLE, OptimizerConfig
+from sao_jax.train.config import ALL_PARAMETERS, OptimizerConfig
 from sao_jax.train.packing import pack_for_placement, unpack
 from sao_jax.train.partition import split_trainable
 from sao_jax.train.steps import BATCH_KEYS, Placement, guarded_update, make_optimizer
@@ -41,8 +41,12 @@ class BehaviourCloner:
         `objectives.behaviour_cloning_loss`.
       pack_rows, pack_row_multiple: run the backbone on the batches' real tokens only, rows
         packed (`sao_jax.train.packing`; the same loss and metrics as unpacked); the packed row
-        count is rounded up to a bucket of `pack_row_multiple` (`packing.bucket_rows`; one
-        compiled step per count).
+        count is rounded up to a multiple of `pack_row_multiple` (one compiled step per count:
+        cloning batches all hold the same number of turns, so their counts stay within a few
+        rows of each other and a run compiles two or three).
+      pack_factor: a packed row holds `pack_factor` x the batch's row length, so that
+        demonstrated turns longer than half a row still share one (with 1, a batch of 110-180
+        token turns in 224-token rows packs almost one turn to a row).
       mesh, rules: optional device mesh and logical-axis rules.
     """
 
@@ -56,7 +60,8 @@ class BehaviourCloner:
         chunk_size: int = LOGPROB_CHUNK,
         context_weight: float = 0.0,
         pack_rows: bool = True,
-        pack_row_multiple: int = PACK_ROW_MULTIPLE,
+        pack_row_multiple: int = 2,
+        pack_factor: int = 2,
         mesh: jax.sharding.Mesh | None = None,
         rules: LogicalRules | None = None,
     ):
@@ -71,7 +76,10 @@ class BehaviourCloner:
         self._opt_sh = self.placement.like(self.opt_state)
         self._weights = {"moe_aux": moe_aux or MoeAuxConfig(), "context_weight": context_weight}
         self._chunk_size = chunk_size
+        if pack_factor < 1:
+            raise ValueError(f"BehaviourCloner: pack_factor must be >= 1, got {pack_factor}")
         self._pack_row_multiple = pack_row_multiple if pack_rows else None
+        self._pack_factor = pack_factor
         # Everything the compiled step depends on: cloners of one setup share executables.
         self._key = (
             self._graphdef,
@@ -140,7 +148,16 @@ class BehaviourCloner:
     def _device_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         host = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
         if self._pack_row_multiple is not None:
-            host.update(pack_for_placement(host, self.placement, self._pack_row_multiple))
+            packed_len = self._pack_factor * host["tokens"].shape[1]
+            host.update(
+                pack_for_placement(
+                    host,
+                    self.placement,
+                    self._pack_row_multiple,
+                    packed_len=packed_len,
+                    geometric=False,
+                )
+            )
         return self.placement.put_batch(host)
 
     def run(self, batches: Iterator[Mapping[str, np.ndarray]], num_steps: int, callback=None):

@@ -91,6 +91,19 @@ def test_row_buckets_are_multiples_of_powers_of_two_and_their_halves():
         packing.bucket_rows(3, 0)
 
 
+def test_linear_row_buckets_round_up_to_the_multiple_only():
+    assert [packing.bucket_rows(c, 2, geometric=False) for c in (1, 2, 9, 10, 17)] == [
+        2, 2, 10, 10, 18,
+    ]  # fmt: skip
+    assert packing.bucket_rows(9, 2) == 12  # the geometric bucket of the same count
+    _, _, count = packing.plan_packing(
+        np.full(9, 20), 24, row_multiple=2, min_rows=0, geometric=False
+    )
+    assert count == 10
+    packed = packing.pack_batch(random_batch(3, rows=9), row_multiple=2, geometric=False)
+    assert packed["packed_tokens"].shape[0] % 2 == 0
+
+
 def random_batch(seed: int, rows: int = 7, length: int = 24) -> dict[str, np.ndarray]:
     """Rows of random real lengths (one empty, one full), actions in bursts; positions from 0."""
     rng = np.random.default_rng(seed)
@@ -301,10 +314,13 @@ def test_learner_iterations_match_unpacked(loader_batch, algorithm):
         assert_trees_close(packed.critic_params, plain.critic_params, rtol=1e-4, atol=2e-6)
 
 
-def test_cloner_steps_and_imitation_match_unpacked(loader_batch):
+@pytest.mark.parametrize("pack_factor", [1, 2, 3])
+def test_cloner_steps_and_imitation_match_unpacked(loader_batch, pack_factor):
     optimizer = OptimizerConfig(learning_rate=1e-3, eps=1e-3)
     cloners = {
-        pack: BehaviourCloner(tiny_policy(), optimizer, context_weight=0.5, pack_rows=pack)
+        pack: BehaviourCloner(
+            tiny_policy(), optimizer, context_weight=0.5, pack_rows=pack, pack_factor=pack_factor
+        )
         for pack in (False, True)
     }
     metrics = {pack: [c.step(loader_batch) for _ in range(2)] for pack, c in cloners.items()}
@@ -316,6 +332,22 @@ def test_cloner_steps_and_imitation_match_unpacked(loader_batch):
     assert packed["replies"] == plain["replies"] > 0
     for key in plain:
         assert packed[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), key
+
+
+def test_cloner_packs_rows_of_pack_factor_lengths_into_fewer_positions(loader_batch):
+    optimizer = OptimizerConfig(learning_rate=1e-3)
+    length = loader_batch["tokens"].shape[1]
+    real = int((np.asarray(loader_batch["segment_ids"]) > 0).sum())
+    grids = {
+        factor: BehaviourCloner(tiny_policy(), optimizer, pack_factor=factor, pack_row_multiple=2)
+        ._device_batch(loader_batch)["packed_segment_ids"]
+        for factor in (1, 2)
+    }  # fmt: skip
+    assert grids[1].shape[1] == length and grids[2].shape[1] == 2 * length
+    assert all(int((np.asarray(grid) > 0).sum()) == real for grid in grids.values())
+    assert grids[2].size <= grids[1].size
+    with pytest.raises(ValueError, match="pack_factor must be >= 1"):
+        BehaviourCloner(tiny_policy(), optimizer, pack_factor=0)
 
 
 def test_learner_packs_into_fewer_rows(loader_batch):
