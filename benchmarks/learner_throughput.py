@@ -1,6 +1,7 @@
 """SAO learner iteration, side by side: heads at every position vs at the action tokens only
 (`compare=heads`), the step-by-step iteration vs the fused one (`compare=fused`), or rows
-padded as the loader made them vs packed (`compare=pack`).
+padded as the loader made them vs packed (`compare=pack`), or causal attention over whole rows
+vs in query blocks (`compare=attention`).
 
 One SAO iteration (prepare: critic values + linked GAE; one DIS policy step; K = 2 critic steps)
 of the `experiments.alfworld_sao` `tiny` preset's learner (model preset tiny, 4 experts,
@@ -17,7 +18,9 @@ holds in one list, [G, N]). `compare=fused`: two learners with the heads at the 
 from Python, one host read) and `True` (the whole iteration one compiled program).
 `compare=pack`: `pack_rows=False` (the backbone at every position of every row, padding
 included) vs `True` (the rows' real tokens packed into as few rows of T as hold them,
-`sao_jax.train.packing`). With `atdp=DIR/atdp` the batch is not synthetic but the first
+`sao_jax.train.packing`). `compare=attention`: the model's causal attention over whole rows
+(`attention_query_block=0`) vs in query blocks (the preset's). With `atdp=DIR/atdp` the batch
+is not synthetic but the first
 `episodes` rollout episodes an `experiments.alfworld_sao` run recorded (tenant `rollouts`,
 windowed rows as its RL phase reads them). Both are
 compiled first, then timed alternately; the best of `repeats` is reported with the ratio, the
@@ -50,7 +53,8 @@ class BenchConfig:
     turns: rows (LLM calls) per trajectory.
     seed: batch and model seed.
     compare: "heads" (heads at all positions vs the action tokens), "fused" (step-by-step
-      iteration vs the fused one) or "pack" (padded rows vs packed rows).
+      iteration vs the fused one), "pack" (padded rows vs packed rows) or "attention" (causal
+      attention over whole rows vs in query blocks, `ModelConfig.attention_query_block`).
     atdp: an `experiments.alfworld_sao` run's ATDP store: the batch is its first `episodes`
       RL episodes (tenant `rollouts`) in `rows` x `seq_len` windowed rows ("": synthetic).
     episodes: episodes in a batch read from `atdp` (the tiny preset's 6 a policy version).
@@ -221,10 +225,26 @@ def main(argv: list[str]) -> None:
             name: dataclasses.replace(learner_config, pack_rows=name == "packed")
             for name in ("padded", "packed")
         }
+    elif config.compare == "attention":
+        variants = {"whole rows": learner_config, "query blocks": learner_config}
     else:
-        raise ValueError(f"compare must be 'heads', 'fused' or 'pack', got {config.compare!r}")
-    learners = {
-        name: Learner(cfg, build_model(experiment, tokenizer))  # same weights (seeded), own buffers
+        raise ValueError(
+            f"compare must be 'heads', 'fused', 'pack' or 'attention', got {config.compare!r}"
+        )
+    blocks = {"whole rows": 0}  # attention_query_block per variant (default: the preset's)
+    learners = {  # same weights (seeded), own buffers
+        name: Learner(
+            cfg,
+            build_model(
+                dataclasses.replace(
+                    experiment,
+                    model=dataclasses.replace(
+                        experiment.model, attention_query_block=blocks.get(name)
+                    ),
+                ),
+                tokenizer,
+            ),
+        )
         for name, cfg in variants.items()
     }
     capacity = objectives.action_capacity_for(batch["loss_mask"])
@@ -268,7 +288,9 @@ def main(argv: list[str]) -> None:
             times[where].append(time.perf_counter() - start)
     best = {where: min(ts) for where, ts in times.items()}
     first = next(iter(learners))
-    label = {"heads": "heads at", "fused": "iteration", "pack": "rows"}[config.compare]
+    label = {"heads": "heads at", "fused": "iteration", "pack": "rows", "attention": "attention"}[
+        config.compare
+    ]
     print(
         f"\n| {label:9} | backbone positions | real tokens | head positions | with signal | "
         f"GFLOP / iteration | XLA temp (MB) | s / iteration (best of {config.repeats}) |"
