@@ -10,7 +10,8 @@ throughput, not success) and no critic warm-up. Two settings:
   caching, split prefill dispatches or the attention window (`rollout.prefix_cache=false`,
   `Sampler.split_prefill / attention_window = False`), `learner.head_positions=all`,
   `learner.pack_rows=false`, `learner.fused_iteration=false`, `rollout.prompt_style=paper`,
-  `rollout.decode_chunk=4`, the asynchronous schedule;
+  `rollout.decode_chunk=4`, causal attention over whole rows (`model.attention_query_block=0`),
+  the asynchronous schedule;
 - now: the tiny preset as it is;
 - unpacked (optional): now with `learner.pack_rows=false` (what packing alone brings);
 - uncached (optional, `settings=before,uncached,now`): now, but the rollout path of before
@@ -90,8 +91,9 @@ class BenchConfig:
 def experiment_config(setting: str, bench: BenchConfig, out: Path):
     """The tiny preset, no cloning or critic warm-up, with `setting`'s overrides."""
     config = PRESETS["tiny"]
-    rollout, learner, rl = config.rollout, config.learner, config.rl
+    rollout, learner, rl, model = config.rollout, config.learner, config.rl, config.model
     if setting == "before":
+        model = dataclasses.replace(model, attention_query_block=0)
         rollout = dataclasses.replace(
             rollout, prefix_cache=False, prompt_style="paper", decode_chunk=4
         )
@@ -107,6 +109,7 @@ def experiment_config(setting: str, bench: BenchConfig, out: Path):
         config,
         out_dir=str(out),
         seed=bench.seed,
+        model=model,
         rollout=rollout,
         learner=dataclasses.replace(
             learner, critic=dataclasses.replace(learner.critic, warmup_steps=0)
