@@ -36,6 +36,7 @@ from sao_jax.pipeline.lengths import measure_demonstrations, size_sequences
 from sao_jax.pipeline.setup import build_model, build_tokenizer
 from sao_jax.rollout import collect_expert_demos
 from sao_jax.train import BehaviourCloner
+from sao_jax.train.packing import is_packed, packed_fraction
 
 
 @dataclasses.dataclass
@@ -71,8 +72,8 @@ SETTINGS = {
 
 
 def demo_batches(style: str, bench: BenchConfig, directory: str):
-    """(config, tokenizer, 2 x `steps` loader batches) of `bench.demos` expert episodes written
-    with the prompt style `style`, rows sized to them."""
+    """(config, tokenizer, `bench.steps` loader batches) of `bench.demos` expert episodes
+    written with the prompt style `style`, rows sized to them."""
     config = alfworld_sao.parse(
         ["--out", f"{directory}/run-{style}", f"rollout.prompt_style={style}"]
     )
@@ -122,9 +123,15 @@ def main(argv: list[str]) -> None:
             cloner = make_cloner(setting, config, tokenizer)
             for batch in held:  # compiles every packed row count before anything is timed
                 cloner.step(batch)
-            grid = [cloner._device_batch(b) for b in held]
-            key = "packed_segment_ids" if "packed_segment_ids" in grid[0] else "segment_ids"
-            fill = np.mean([float((np.asarray(g[key]) > 0).mean()) for g in grid])
+            grids = [cloner._device_batch(b) for b in held]
+            fill = np.mean(
+                [
+                    packed_fraction(g)
+                    if is_packed(g)
+                    else float((np.asarray(g["segment_ids"]) > 0).mean())
+                    for g in grids
+                ]
+            )
             turns = sum(int((b["traj_index"] >= 0).sum()) for b in held)
             prepared[setting] = (cloner, held, turns, config.warm_start.seq_len, fill)
         load = [os.getloadavg()[0]]
