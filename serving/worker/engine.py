@@ -142,7 +142,7 @@ class GenerationEngine:
 
     def warmup(self) -> int:
         """Compile every prefill shape the engine can dispatch (prompt-length buckets up to the
-        context x batch-size buckets up to max_prefill_batch) and the decode loop, before
+        context x batch-size buckets up to max_prefill_batch, at most num_slots) and the decode loop, before
         serving: otherwise the first request of each new shape waits for XLA. Call before
         `start`; returns the number of shapes run."""
         if self._thread is not None:
@@ -153,9 +153,11 @@ class GenerationEngine:
             lengths.append(length)
             length *= 2
         lengths.append(context - 1)
-        batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= self.config.max_prefill_batch]
-        if self.config.max_prefill_batch not in batches:
-            batches.append(self.config.max_prefill_batch)
+        # a prefill takes at most max_prefill_batch requests, and no more than there are slots
+        most = min(self.config.max_prefill_batch, self.config.num_slots)
+        batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= most]
+        if most not in batches:
+            batches.append(most)
         state = sampler.init_state(self.config.num_slots, context)
         runs = 0
         for rows in batches:

@@ -223,6 +223,19 @@ def test_pause_queues_and_continue_resumes(make_worker):
     assert finished.finish_reason in ("stop", "length") and ids
 
 
+def test_warmup_with_more_prefill_batch_than_slots_compiles_and_serves(make_worker):
+    # a prefill never takes more requests than there are slots: warm-up must not try to either
+    worker = make_worker(num_slots=2, max_prefill_batch=8, context_length=64, warmup=True)
+    assert worker._warmed
+    requests = [GenerationRequest(tuple(p), max_tokens=4, seed=3) for p in prompts()[:3]]
+
+    async def run():
+        return await asyncio.gather(*(collect(worker, r) for r in requests))
+
+    for ids, *_, finished, _ in asyncio.run(run()):
+        assert finished.finish_reason in ("stop", "length") and ids
+
+
 def test_staleness_capacity_answers_429_until_new_weights(make_worker, sampler):
     worker = make_worker(max_staleness=0, staleness_batch_size=2)
     request = GenerationRequest(tuple(prompts()[0]), max_tokens=4, seed=2)
