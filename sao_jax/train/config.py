@@ -37,7 +37,8 @@ class OptimizerConfig:
     """AdamW with linear warm-up and global-norm gradient clipping.
 
     Attributes:
-      learning_rate: peak learning rate.
+      learning_rate: peak learning rate (0 freezes the parameters: a control run that plays
+        and steps like a learning one without changing its weights).
       warmup_steps: optimizer steps of linear warm-up from 0 to the peak (0: none).
       b1: Adam first-moment decay.
       b2: Adam second-moment decay.
@@ -60,8 +61,8 @@ class OptimizerConfig:
     final_fraction: float = 0.1
 
     def __post_init__(self):
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not self.learning_rate >= 0:  # also refuses NaN
+            raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ValueError(
                 f"warmup_steps and decay_steps must be >= 0, got {self.warmup_steps}, "

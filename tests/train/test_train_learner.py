@@ -272,6 +272,23 @@ def test_sharded_learner_matches_the_single_device_one(batch):
         np.testing.assert_allclose(c[name], a[name], atol=2e-6, err_msg=name)
 
 
+def test_a_zero_learning_rate_steps_without_changing_the_weights(batch):
+    # the frozen control of a learning run: same iterations and counters, weights unmoved
+    frozen = OptimizerConfig(learning_rate=0.0, weight_decay=0.1)
+    learner = Learner(config(policy_optimizer=frozen, critic_optimizer=frozen), tiny_policy())
+    policy_start = flat(nnx.state(learner.policy_module(), nnx.Param))
+    critic_start = flat(learner.critic_params)
+    metrics = learner.iteration(batch)
+    assert metrics["policy_version"] == 1.0 and np.isfinite(metrics["policy/loss"])
+    for name, value in flat(nnx.state(learner.policy_module(), nnx.Param)).items():
+        np.testing.assert_array_equal(value, policy_start[name], err_msg=name)
+    for name, value in flat(learner.critic_params).items():
+        np.testing.assert_array_equal(value, critic_start[name], err_msg=name)
+    for bad in (-1e-4, float("nan")):
+        with pytest.raises(ValueError, match="learning_rate must be >= 0"):
+            OptimizerConfig(learning_rate=bad)
+
+
 def test_bad_configs_and_batches_are_named():
     with pytest.raises(ValueError, match="unknown algorithm 'sa0'"):
         LearnerConfig(algorithm="sa0")
