@@ -309,6 +309,46 @@ class TaskSampler:
         """The failed tasks waiting for a replay, oldest first."""
         return tuple(self._waiting)
 
+    def replay_state(self) -> dict:
+        """The failed-task replay's memory as JSON (for a checkpoint): the tasks waiting,
+        oldest first, the replays each has been served since it last won, and the count of
+        replays served. The permutation's position is not in it: a resumed run draws fresh
+        games (`sao_jax.pipeline.rl`)."""
+        return {
+            "waiting": list(self._waiting),
+            "replays": [[index, count] for index, count in self._replays.items()],
+            "replays_served": self.replays_served,
+        }
+
+    def restore_replay_state(self, state: dict) -> None:
+        """Take back what `replay_state` saved, so failures waiting for a replay survive a
+        resume. Refuses (ValueError, nothing changed) a state naming tasks this stream does
+        not draw, or malformed counts."""
+        waiting, replays, served = self.checked_replay_state(state)
+        self._waiting = dict.fromkeys(waiting)
+        self._replays = replays
+        self.replays_served = served
+
+    def checked_replay_state(self, state: dict) -> tuple[list[int], dict[int, int], int]:
+        """(waiting, replays per task, replays served) of a saved replay state, or ValueError."""
+        try:
+            waiting = [int(i) for i in state["waiting"]]
+            replays = {int(i): int(n) for i, n in state["replays"]}
+            served = int(state["replays_served"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a TaskSampler replay state: {state!r} ({error})") from None
+        strays = sorted({*waiting, *replays} - set(self.indices))
+        if strays:
+            raise ValueError(
+                f"the replay state names tasks {strays[:5]} that this {self.split!r} stream "
+                f"does not draw: was it saved by a run of another split or task list?"
+            )
+        if served < 0 or min(replays.values(), default=0) < 0 or len(set(waiting)) < len(waiting):
+            raise ValueError(
+                f"not a TaskSampler replay state (a negative count or a task twice): {state!r}"
+            )
+        return waiting, replays, served
+
 
 def check_replay(replay_failed: float, replay_limit: int) -> None:
     """Raise a ValueError unless 0 <= replay_failed < 1 and replay_limit is an int >= 1."""

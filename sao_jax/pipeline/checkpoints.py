@@ -1,8 +1,9 @@
 """Checkpoint and resume of a job: the learner, the run's counters and the RL stream's position.
 
 A checkpoint's metadata holds the phase it was taken in, the metrics step, seconds per phase,
-evaluations so far, rollout counters and, per process, the loader stream's position, so a
-resumed job continues each process's ATDP stream where it stopped.
+evaluations so far, rollout counters and, per process, the loader stream's position and the
+task streams' failed-task replay, so a resumed job continues each process's ATDP stream where
+it stopped and still replays the games it had failed.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ def checkpoint(run: Run, learner: Learner, trainer: OnlineTrainer | None, *, pha
     if trainer is not None:
         # one stream position per process (each reads its own tenant); a collective
         run.data_state = {"by_process": allgather_json(trainer.data_state())}
+        replay = getattr(trainer.engine, "task_replay_state", None)  # not a live server's
+        if replay is not None:
+            run.task_replay = allgather_json(replay())
     metadata = {
         "phase": phase,
         "global_step": run.step,
         "seconds": run.seconds,
         "evals": run.evals,
         "data": run.data_state,
+        "task_replay": run.task_replay,
         "rollout_stats": scalars(run.rollout_stats),
     }
     latest = run.checkpointer.latest_step()
@@ -55,4 +60,6 @@ def restore(run: Run, learner: Learner) -> dict | None:
             )
         data = positions[run.process]
     run.data_state = data
+    replay = meta.get("task_replay")  # per process; absent from checkpoints before it
+    run.task_replay = replay[run.process] if replay and len(replay) == run.processes else None
     return meta

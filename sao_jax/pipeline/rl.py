@@ -77,6 +77,8 @@ def reinforcement_learning(
         tenant=ROLLOUTS,
         seed_offset=RESUME_SEED_STRIDE * episodes_before,
     )
+    if run.task_replay:  # failures still waiting for a replay when the checkpoint was taken
+        engine.restore_task_replay(run.task_replay)
     loader = run.loader(
         ROLLOUTS,
         rows=rl.rows,

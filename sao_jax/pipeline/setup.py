@@ -160,6 +160,8 @@ class Run:
         self.rollout_stats: dict[str, Any] = {}
         self.timing: dict[str, float] = {}
         self.data_state: dict | None = None  # the RL stream's position
+        # the RL task streams' failed-task replay (one state per worker; `env.replay_failed`)
+        self.task_replay: list[dict] | None = None
         # What `policy` trained on since its last checkpoint: shared by the cloner(s) and the
         # learner, so every checkpoint's lineage sidecar chains back to the warm start.
         self.trained_on = TrainedOn()

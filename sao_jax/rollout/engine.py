@@ -287,6 +287,26 @@ class RolloutEngine:
         snapshot["replayed_tasks"] = sum(loop.envs[0].sampler.replays_served for loop in self.loops)
         return snapshot
 
+    def task_replay_state(self) -> list[dict]:
+        """Each worker's task stream's failed-task replay state (`TaskSampler.replay_state`),
+        for a checkpoint."""
+        return [loop.envs[0].sampler.replay_state() for loop in self.loops]
+
+    def restore_task_replay(self, states: Sequence[dict]) -> None:
+        """Give each worker's task stream back the replay state `task_replay_state` saved."""
+        if len(states) != len(self.loops):
+            raise ValueError(
+                f"the saved task replay has {len(states)} worker stream(s), this engine has "
+                f"{len(self.loops)} workers: resume with the same rl.num_workers"
+            )
+        pairs = [
+            (loop.envs[0].sampler, state) for loop, state in zip(self.loops, states, strict=True)
+        ]
+        for sampler, state in pairs:  # all checked before any changes
+            sampler.checked_replay_state(state)
+        for sampler, state in pairs:
+            sampler.restore_replay_state(state)
+
     def guard(self, iterator: Iterator, poll_s: float = 0.2) -> Iterator:
         """Yield from `iterator` (e.g. `iter(loader.stream())`), raising a worker's exception
         (`WorkerError`) instead of waiting forever for data that will not come. See

@@ -212,6 +212,38 @@ def test_failed_task_replay_serves_failures_until_won_or_limit():
     assert replayed == failed
 
 
+def test_failed_task_replay_state_survives_a_json_round_trip_into_a_fresh_stream():
+    import json
+
+    saved = TaskSampler("train", 200, seed=0, replay_failed=0.9, replay_limit=2)
+    failed = [saved.next_index() for _ in range(3)]
+    for index in failed:
+        saved.record(index, won=False)
+    replayed = saved.next_index()  # the oldest failure, served once
+    state = json.loads(json.dumps(saved.replay_state()))
+    # a resumed run's stream: another seed (fresh games), the same queue and counts
+    resumed = TaskSampler("train", 200, seed=7, replay_failed=0.9, replay_limit=2)
+    resumed.restore_replay_state(state)
+    assert replayed == failed[0] and resumed.waiting == saved.waiting == tuple(failed[1:])
+    assert resumed.replays_served == saved.replays_served == 1
+    resumed.record(replayed, won=False)  # its replays count on: one more allowed, then none
+    assert resumed.waiting == (*failed[1:], replayed)
+    draws = [resumed.next_index() for _ in range(40)]
+    assert [d for d in draws if d in failed][:3] == [*failed[1:], replayed]
+    # bad states are refused and change nothing
+    before = resumed.replay_state()
+    bad_states = [
+        {"waiting": [500], "replays": [], "replays_served": 0},  # not a task of this stream
+        {"waiting": [1, 1], "replays": [], "replays_served": 0},
+        {"waiting": [], "replays": [[1, -1]], "replays_served": 0},
+        {"waiting": []},
+    ]
+    for bad in bad_states:
+        with pytest.raises(ValueError, match="replay state"):
+            resumed.restore_replay_state(bad)
+        assert resumed.replay_state() == before
+
+
 def test_failed_task_replay_takes_its_share_of_draws_and_is_reproducible():
     def stream(seed):
         sampler = TaskSampler("train", 5000, seed=seed, replay_failed=0.3, replay_limit=100)

@@ -8,6 +8,7 @@ import pytest
 
 from atdp_io import AtdpStore, trained_on
 from experiments import alfworld_sao, compare_algos, inspect_checkpoints
+from sao_jax.checkpoint import Checkpointer
 from sao_jax.metrics import read_metrics
 
 # The micro preset, smaller still: the smoke run is about the plumbing, not the learning.
@@ -216,6 +217,27 @@ def test_resume_continues_the_run_to_more_policy_steps(finished_run):
     assert len(segments) == 2
     first, second = sorted(segments.values(), key=len, reverse=True)
     assert second and second != first[: len(second)]
+
+
+@pytest.mark.slow
+def test_failed_games_waiting_for_a_replay_survive_a_resume(finished_run, tmp_path):
+    # one step per episode: every game is lost and queued for a replay (limit 2 each)
+    run = three_synchronous_steps(
+        finished_run, tmp_path, "env.replay_failed=0.99", "env.max_steps=1"
+    )
+    with Checkpointer(run / "checkpoints", create=False) as saved:
+        (state,) = saved.metadata()["task_replay"][0]  # process 0, its one worker
+    waiting = state["waiting"]
+    assert len(waiting) >= 2 and state["replays_served"] > 0
+    alfworld_sao.main(["--out", str(run), "--resume", "rl.policy_steps=5"])
+    segments = rl_games_by_engine(run)
+    resumed = min(segments.values(), key=len)  # the resumed engine played fewer
+    # its first draws replay the saved queue, oldest first (a fresh queue would start empty and
+    # draw from 3,553 games)
+    assert resumed[:2] == waiting[:2]
+    with Checkpointer(run / "checkpoints", create=False) as saved:
+        (later,) = saved.metadata()["task_replay"][0]
+    assert later["replays_served"] > state["replays_served"]  # counted on, not from zero
 
 
 def three_synchronous_steps(finished_run, tmp_path, *overrides: str):
