@@ -91,7 +91,7 @@ def test_failed_task_replay_reaches_the_workers_streams(tmp_path):
         stats = engine.stats()
         (state,) = engine.task_replay_state()  # one worker, one stream (for a checkpoint)
         assert state["replays_served"] == stats["replayed_tasks"]
-        with pytest.raises(ValueError, match="2 worker stream.*1 workers"):
+        with pytest.raises(ValueError, match=r"2 worker stream.*1 workers"):
             engine.restore_task_replay([state, state])
     episodes = committed(store)
     games = [t.header.task["index"] for t in episodes]
