@@ -24,14 +24,16 @@ def checkpoint(run: Run, learner: Learner, trainer: OnlineTrainer | None, *, pha
         run.data_state = {"by_process": allgather_json(trainer.data_state())}
         replay = getattr(trainer.engine, "task_replay_state", None)  # not a live server's
         if replay is not None:
-            run.task_replay = allgather_json(replay())
+            run.task_replay = replay()
+    # this process's task streams in `run`, every process's in the checkpoint (a collective)
+    task_replay = None if run.task_replay is None else allgather_json(run.task_replay)
     metadata = {
         "phase": phase,
         "global_step": run.step,
         "seconds": run.seconds,
         "evals": run.evals,
         "data": run.data_state,
-        "task_replay": run.task_replay,
+        "task_replay": task_replay,
         "rollout_stats": scalars(run.rollout_stats),
     }
     latest = run.checkpointer.latest_step()
