@@ -153,11 +153,16 @@ def main(argv: list[str]) -> None:
             for task_type in (*TASK_TYPES, "all"):
                 rs = [r for t in TASK_TYPES for r in results[t]] if task_type == "all" else []
                 rs = rs or results[task_type]
+                if not rs:  # `games` too few to reach this task type in any split
+                    cells.append("-")
+                    continue
                 won = sum(w for w, _ in rs) / len(rs)
                 steps = sum(s for _, s in rs) / len(rs)
                 cells.append(f"{won:.1%} / {steps:.1f}")
             print(f"| {expert} | {size} | " + " | ".join(cells) + " |")
-    print("\n(cells: success rate / mean steps per episode, 50-step episodes)\n")
+    print(
+        "\n(cells: success rate / mean steps per episode, 50-step episodes; -: no game of the type)\n"
+    )
     columns = [(1, False, False), (2, False, False), (1, True, False), (1, False, True)]
     columns.append((1, True, True))
     names = ["h=1", "h=2", "h=1 +memory", "h=1, no step numbers", "h=1 +memory, no step numbers"]

@@ -69,6 +69,11 @@ def load_ours(store: AtdpStore, config: BenchConfig, shuffle: bool) -> tuple[flo
     for batch in epoch:
         batches += 1
         tokens += int(batch["segment_ids"].sum())
+    if not batches:  # every episode longer than a row: the loader skipped them all
+        raise SystemExit(
+            f"the loader made no batch of [{config.rows}, {config.seq_len}] from "
+            f"{config.trajectories} episodes of {config.turns} turns: raise seq_len"
+        )
     return time.perf_counter() - start, batches, tokens
 
 

@@ -100,6 +100,11 @@ def load(store, config: BenchConfig, group_by: str | None, mode: str, group_of: 
             )
         )
     seconds = time.perf_counter() - start
+    if not batches:  # every episode longer than a row: the loader skipped them all
+        raise SystemExit(
+            f"the loader made no batch of [{config.rows}, {config.seq_len}] from "
+            f"{config.groups} groups of {config.turns}-turn episodes: raise seq_len"
+        )
     whole = sum(n == config.group_size for counts in members for n in counts.values())
     return seconds, batches, whole / config.groups
 

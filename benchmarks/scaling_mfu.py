@@ -153,14 +153,19 @@ def run_mode(processes: int, argv: list[str]) -> dict:
             [sys.executable, __file__, "--child", *argv],
             env=dict(env, SAO_PROCESS_ID=str(i)) if processes > 1 else env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for i in range(processes)
     ]
-    outputs = [c.communicate()[0] for c in children]
-    if any(c.returncode for c in children):
-        raise RuntimeError(f"a child exited with {[c.returncode for c in children]}")
+    outputs, errors = zip(*(c.communicate() for c in children), strict=True)
+    failed = [i for i, c in enumerate(children) if c.returncode]
+    if failed:
+        tail = "\n".join(errors[failed[0]].strip().splitlines()[-12:])
+        raise SystemExit(
+            f"child process(es) {failed} of the {processes}-process mode exited with "
+            f"{[children[i].returncode for i in failed]}; child {failed[0]}'s stderr ends:\n{tail}"
+        )
     return json.loads(outputs[0].strip().splitlines()[-1])
 
 
