@@ -207,6 +207,18 @@ class _Slot:
     behaviour: bool = False  # record the transformed log-probs (the transform is not identity)
 
 
+# What the loop and the engine use of an env's task stream (`TaskSampler`): draws, outcomes
+# for the failed-task replay, its count, and its state for a checkpoint
+TASK_STREAM_API = (
+    "next_index",
+    "record",
+    "replays_served",
+    "replay_state",
+    "checked_replay_state",
+    "restore_replay_state",
+)
+
+
 class AgentLoop:
     """Plays episodes with one `Sampler` over `envs` (one KV-cache slot each).
 
@@ -236,6 +248,14 @@ class AgentLoop:
         if len({type(e) for e in envs}) > 1:
             raise ValueError(
                 f"AgentLoop needs envs of one class, got {sorted({type(e).__name__ for e in envs})}"
+            )
+        stream = getattr(envs[0], "sampler", None)
+        missing = [name for name in TASK_STREAM_API if not hasattr(stream, name)]
+        if missing:
+            raise TypeError(
+                f"{type(envs[0]).__name__}.sampler is {type(stream).__name__}, which lacks "
+                f"{missing}: an env's task stream must be a sao_jax.envs.TaskSampler (its "
+                f"`from_config(config, sampler)` is handed one)"
             )
         model = sampler.config
         if config.max_context_tokens > model.max_seq_len:

@@ -263,6 +263,15 @@ def test_bad_configs_name_the_problem():
     with pytest.raises(ValueError, match="TextEnv"):
         AgentLoop(sampler(), tokenizer(), [], rollout_config())
 
+    class Stream:  # a home-made task stream: draws, but keeps no outcomes
+        def next_index(self):
+            return 0
+
+    envs = env_config().make_envs(1)
+    envs[0].sampler = Stream()
+    with pytest.raises(TypeError, match=r"Stream, which lacks \['record', .*TaskSampler"):
+        AgentLoop(sampler(), tokenizer(), envs, rollout_config())
+
 
 def test_reply_penalty_malformed_first_then_inadmissible_off_by_default():
     default = RolloutConfig()
