@@ -150,10 +150,10 @@ def test_benchmark_runs_and_prints_its_comparison(name, tmp_path):
     args, patterns = CASES[name]
     done = run_script(name, args, tmp_path)
     check_output(done, patterns)
-    if name == "model_vs_hf":  # the parity it reports beside the speed
+    if name == "model_vs_hf":  # the parity it reports beside the speed (greedy tokens are
+        # not compared: a near-tie of two random logits may break either way on another CPU)
         (diff,) = re.findall(r"max \|ours - transformers\| = (\S+)", done.stdout)
         assert float(diff) <= 1e-5
-        assert "greedy tokens identical: 100.0%" in done.stdout
 
 
 @pytest.mark.slow
