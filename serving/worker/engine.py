@@ -142,9 +142,9 @@ class GenerationEngine:
 
     def warmup(self) -> int:
         """Compile every prefill shape the engine can dispatch (prompt-length buckets up to the
-        context x batch-size buckets up to max_prefill_batch, at most num_slots) and the decode loop, before
-        serving: otherwise the first request of each new shape waits for XLA. Call before
-        `start`; returns the number of shapes run."""
+        context x batch-size buckets up to max_prefill_batch, at most num_slots) and the decode
+        loop, before serving: otherwise the first request of each new shape waits for XLA. Call
+        before `start`; returns the number of shapes run."""
         if self._thread is not None:
             raise RuntimeError("warmup must run before the engine starts")
         sampler, context = self.sampler, self.cache_length
