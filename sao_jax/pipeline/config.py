@@ -88,6 +88,10 @@ class WarmStartSpec:
         `optimizer.final_fraction` of it over the cloning steps (DAgger steps continue there).
       context_weight: weight of the NLL of prompt / observation tokens during cloning (a small
         model from scratch learns to read and copy the prompt much sooner with it).
+      pack_factor: the cloner packs demonstrated turns into rows this many times `seq_len`
+        long (2: pairs of short turns share a row; 1: rows of `seq_len`). The same loss either
+        way; longer rows fill more positions and cost more attention per token
+        (`docs/training.md`, "Packed rows").
       dagger_rounds: DAgger rounds after cloning: the cloned policy plays, the expert relabels
         every turn it played, and cloning continues on demos + relabelled turns.
       dagger_episodes: episodes the policy plays per DAgger round.
@@ -112,6 +116,7 @@ class WarmStartSpec:
     )
     decay: bool = True
     context_weight: float = 1.0
+    pack_factor: int = 2
     dagger_rounds: int = 0
     dagger_episodes: int = 64
     dagger_steps: int = 100
@@ -119,6 +124,8 @@ class WarmStartSpec:
     from_run: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.pack_factor, bool) or self.pack_factor < 1:
+            raise ValueError(f"warm_start.pack_factor must be an int >= 1, got {self.pack_factor}")
         if self.dagger_temperature < 0:
             raise ValueError(
                 f"warm_start.dagger_temperature must be >= 0 (0: greedy), got "

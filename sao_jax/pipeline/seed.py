@@ -127,6 +127,7 @@ def hindsight_sft(run: Run, log: MetricsWriter) -> dict:
         dataclasses.replace(config.warm_start.optimizer, learning_rate=spec.sft_learning_rate),
         moe_aux=config.learner.moe,
         pack_rows=config.learner.pack_rows,
+        pack_factor=config.warm_start.pack_factor,
         mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
     cloner.trained_on = run.trained_on  # skills and acting data: in the first RL checkpoint's

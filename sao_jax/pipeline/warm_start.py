@@ -118,6 +118,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         moe_aux=config.learner.moe,
         context_weight=spec.context_weight,
         pack_rows=config.learner.pack_rows,
+        pack_factor=spec.pack_factor,
         mesh=run.mesh,  # with several processes a cloning step spans all of them
     )
     cloner.trained_on = run.trained_on  # the demos and relabels go into the warm start's lineage

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sao_jax.pipeline.config import ExperimentConfig, RLSpec
+from sao_jax.pipeline.config import ExperimentConfig, RLSpec, WarmStartSpec
 from sao_jax.rollout import RolloutConfig
 
 
@@ -32,3 +32,15 @@ def test_a_schedule_needs_sampled_rollouts():
     with pytest.raises(ValueError, match=r"rollout\.temperature is 0"):
         ExperimentConfig(rollout=RolloutConfig(temperature=0.0), rl=RLSpec(final_temperature=0.5))
     ExperimentConfig(rollout=RolloutConfig(temperature=0.5), rl=RLSpec(final_temperature=0.5))
+
+
+def test_the_cloners_pack_factor_is_a_setting_with_a_floor():
+    from experiments.alfworld_sao import PRESETS
+    from sao_jax.config_cli import apply_overrides
+
+    assert PRESETS["tiny"].warm_start.pack_factor == 2
+    config = apply_overrides(PRESETS["tiny"], ["warm_start.pack_factor=1"])
+    assert config.warm_start.pack_factor == 1
+    for bad in (0, -2, True):
+        with pytest.raises(ValueError, match=r"warm_start\.pack_factor must be an int >= 1"):
+            WarmStartSpec(pack_factor=bad)
