@@ -36,7 +36,7 @@ from sao_jax.pipeline.lengths import measure_demonstrations, size_sequences
 from sao_jax.pipeline.setup import build_model, build_tokenizer
 from sao_jax.rollout import collect_expert_demos
 from sao_jax.train import BehaviourCloner
-from sao_jax.train.packing import is_packed, packed_fraction
+from sao_jax.train.packing import packed_inputs
 
 
 @dataclasses.dataclass
@@ -124,14 +124,8 @@ def main(argv: list[str]) -> None:
             for batch in held:  # compiles every packed row count before anything is timed
                 cloner.step(batch)
             grids = [cloner._device_batch(b) for b in held]
-            fill = np.mean(
-                [
-                    packed_fraction(g)
-                    if is_packed(g)
-                    else float((np.asarray(g["segment_ids"]) > 0).mean())
-                    for g in grids
-                ]
-            )
+            # the positions the backbone runs on: the packed grid, or the rows themselves
+            fill = np.mean([float((np.asarray(packed_inputs(g)[2]) != 0).mean()) for g in grids])
             turns = sum(int((b["traj_index"] >= 0).sum()) for b in held)
             prepared[setting] = (cloner, held, turns, config.warm_start.seq_len, fill)
         load = [os.getloadavg()[0]]
