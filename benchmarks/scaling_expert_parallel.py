@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import os
 
-# 8 fake CPU devices, beside whatever XLA flags the caller set (before JAX starts its backend)
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+from sao_jax.xla_flags import cpu_device_count, with_cpu_device_count  # no JAX import
+
+# 8 fake CPU devices unless the caller asked for a count, beside whatever XLA flags the caller
+# set (before JAX starts its backend)
+if cpu_device_count(os.environ.get("XLA_FLAGS", "")) is None:
+    os.environ["XLA_FLAGS"] = with_cpu_device_count(os.environ.get("XLA_FLAGS", ""), 8)
 
 import dataclasses
 import sys

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mfu import matmul_flops_per_s, model_flops_per_token
 
 from sao_jax.config_cli import parse_cli
+from sao_jax.xla_flags import with_cpu_device_count, with_default
 
 DEVICES = 4
 MODES = {"1 process x 4 devices": 1, "2 processes x 2 devices": 2}
@@ -141,10 +142,12 @@ def run_mode(processes: int, argv: list[str]) -> dict:
     env = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // processes} "
         # fake devices are threads: on a loaded machine one may reach a collective long after
         # its peers (XLA:CPU aborts after 40 s by default; a true deadlock still aborts)
-        "--xla_cpu_collective_call_terminate_timeout_seconds=300",
+        XLA_FLAGS=with_default(
+            with_cpu_device_count(os.environ.get("XLA_FLAGS", ""), DEVICES // processes),
+            "--xla_cpu_collective_call_terminate_timeout_seconds=300",
+        ),
     )
     if processes > 1:
         env.update(SAO_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", SAO_NUM_PROCESSES=str(processes))

@@ -18,16 +18,17 @@ Runs before any test imports jax, so the flags below take effect:
 import gc
 import os
 
-_FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
-if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FAKE_DEVICES).strip()
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+from sao_jax.xla_flags import with_cpu_device_count, with_default  # no JAX import
+
+os.environ["XLA_FLAGS"] = with_default(
+    with_cpu_device_count(os.environ.get("XLA_FLAGS", ""), 8),
+    "--xla_backend_optimization_level=0",
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
-from absl import flags  # noqa: E402
+import jax
+import pytest
+from absl import flags
 
 flags.FLAGS.mark_as_parsed()
 

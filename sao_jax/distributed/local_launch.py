@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sao_jax.config_cli import parse_cli
+from sao_jax.xla_flags import with_cpu_device_count, with_default
 
 # Fake devices are threads: on a loaded machine one may reach a collective long after its
 # peers, and XLA:CPU aborts the process after 40 s by default.
@@ -84,15 +85,8 @@ def process_environment(
         SAO_PROCESS_ID=str(index),
     )
     if devices_per_process is not None:
-        flags = [
-            f
-            for f in env.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count")
-        ]
-        flags.append(f"--xla_force_host_platform_device_count={devices_per_process}")
-        if not any(f.startswith(CPU_COLLECTIVE_TIMEOUT_FLAG.split("=")[0]) for f in flags):
-            flags.append(CPU_COLLECTIVE_TIMEOUT_FLAG)
-        env["XLA_FLAGS"] = " ".join(flags)
+        flags = with_cpu_device_count(env.get("XLA_FLAGS", ""), devices_per_process)
+        env["XLA_FLAGS"] = with_default(flags, CPU_COLLECTIVE_TIMEOUT_FLAG)
         env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from sao_jax.xla_flags import with_cpu_device_count
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 RATIO = r"[\d,]+(\.\d+)?x"
@@ -116,11 +118,10 @@ def run_script(name: str, args: str, tmp: Path) -> subprocess.CompletedProcess:
     """`python benchmarks/<name>.py args` from the repository root, as a user runs it. The
     tests' 8 fake devices are taken out of XLA_FLAGS (a user's process has one CPU device;
     the scripts that need more set them), LLVM's optimisation level is kept for speed."""
-    flags = os.environ.get("XLA_FLAGS", "").split()
     env = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=" ".join(f for f in flags if "host_platform_device_count" not in f),
+        XLA_FLAGS=with_cpu_device_count(os.environ.get("XLA_FLAGS", ""), None),
     )
     argv = shlex.split(args.replace("{tmp}", str(tmp / "scratch")))
     return subprocess.run(

@@ -17,6 +17,7 @@ from multiprocess_sao_setup import MODEL, write_episodes
 from sao_jax.distributed.local_launch import launch_local
 from sao_jax.metrics import read_metrics
 from sao_jax.models import init_model
+from sao_jax.xla_flags import with_cpu_device_count
 
 WORKER = Path(__file__).parent / "multiprocess_sao_worker.py"
 REPO = Path(__file__).parents[2]
@@ -41,7 +42,7 @@ def launch(store: Path, out: Path) -> None:
     argv = [sys.executable, str(WORKER), str(store), str(out)]
     job_variables = ("SAO_COORDINATOR_ADDRESS", "SAO_NUM_PROCESSES", "SAO_PROCESS_ID")
     reference_env = {k: v for k, v in base.items() if k not in job_variables}
-    reference_env["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_force_host_platform_device_count=4"
+    reference_env["XLA_FLAGS"] = with_cpu_device_count(XLA_FLAGS, 4)
     with (out / "reference.log").open("w") as log:
         reference = subprocess.Popen(
             [*argv, "--reference"], env=reference_env, stdout=log, stderr=subprocess.STDOUT
