@@ -20,6 +20,13 @@ With `temperature` > 0 it plays the policies RL samples from instead: `samples_p
 plays a game at that temperature, per-policy figures over all of them, and no game-by-game
 pairs (a game has several outcomes). The records then go to `<split>_t<T>x<N>_step<n>.jsonl`
 and `<split>_t<T>x<N>_summary.json`, beside the greedy ones.
+
+With `records` it plays nothing: record files written before (by this command, of one run or
+of several, e.g. two seeds or two settings) are compared game by game, each with the next in
+the order given:
+
+    python -m experiments.inspect_checkpoints \
+        "records=[runs/a/inspect/valid_unseen_step0.jsonl,runs/b/inspect/valid_unseen_step0.jsonl]"
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import itertools
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sao_jax.checkpoint import Checkpointer, checkpoint_directory
@@ -72,6 +80,8 @@ class InspectConfig:
       temperature: 0 plays greedily (what the run's evaluation reports); > 0 samples at this
         temperature (the policy RL trains), `samples_per_game` plays a game.
       samples_per_game: plays of each game when sampling (1 when greedy).
+      records: greedy record files (`<split>_step<n>.jsonl`) to compare game by game instead
+        of playing (numbered 1, 2, ... in the report, in the order given; `run` not needed).
     """
 
     run: str = ""
@@ -83,6 +93,7 @@ class InspectConfig:
     run_overrides: tuple[str, ...] = ()
     temperature: float = 0.0
     samples_per_game: int = 1
+    records: tuple[str, ...] = ()
 
     @property
     def sampled(self) -> bool:
@@ -173,10 +184,38 @@ def report(records: dict[int, list[GameRecord]], *, pairs: bool = True) -> dict:
     return {"policies": {s: summarize(records[s]) for s in steps}, "pairs": compared}
 
 
-def print_report(result: dict, split: str, how: str = "Greedy games") -> None:
+def read_records(paths: Sequence[str]) -> dict[int, list[GameRecord]]:
+    """Record files, numbered 1, 2, ... in the order given; a clear error for a file that is
+    missing or holds no records."""
+    if len(paths) < 2:
+        raise SystemExit(f"error: records= needs two record files or more, got {len(paths)}")
+    records = {}
+    for number, path in enumerate(paths, start=1):
+        try:
+            lines = Path(path).read_text().splitlines()
+            games = [GameRecord.from_json(json.loads(line)) for line in lines if line.strip()]
+        except (OSError, ValueError, TypeError) as error:
+            raise SystemExit(f"error: records: {path} is not a record file ({error})") from None
+        if not games:
+            raise SystemExit(f"error: records: {path} holds no games")
+        records[number] = games
+    return records
+
+
+def compare_record_files(paths: Sequence[str]) -> dict:
+    """`report` over record files (see `read_records`); files of different games are refused."""
+    try:
+        return report(read_records(paths))
+    except ValueError as error:  # compare_games: not the same games
+        raise SystemExit(f"error: records: {error}") from None
+
+
+def print_report(
+    result: dict, split: str, how: str = "Greedy games", key: str = "policy step"
+) -> None:
     modes = ("won", *FAILURE_MODES)
-    print(f"\n{how} on {split}, by policy step")
-    header = f"{'step':>6} {'success':>8} " + " ".join(f"{m:>12}" for m in modes)
+    print(f"\n{how} on {split}, by {key}")
+    header = f"{key.split()[-1]:>6} {'success':>8} " + " ".join(f"{m:>12}" for m in modes)
     print(header + f" {'steps':>6} {'expert':>7}")
     for step, s in result["policies"].items():
         agreement = s["expert_agreement"]
@@ -189,7 +228,7 @@ def print_report(result: dict, split: str, how: str = "Greedy games") -> None:
     for pair, c in result["pairs"].items():
         print(
             f"\n{pair}: both won {c['both_won']}, both lost {c['both_lost']}, "
-            f"gained {c['gained']}, lost {c['lost']}"
+            f"gained {c['gained']}, lost {c['lost']}; played move for move alike {c['alike']}"
         )
         for side in ("gained", "lost"):
             turns = c["divergence_turn"][side]
@@ -204,6 +243,12 @@ def print_report(result: dict, split: str, how: str = "Greedy games") -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_cli(argv, InspectConfig, prog=PROG, description=__doc__.split("\n")[0])
+    if config.records:
+        result = compare_record_files(config.records)
+        for number, path in enumerate(config.records, start=1):
+            print(f"{number}: {path}")
+        print_report(result, "the records' split", key="record")
+        return result
     saved = Path(config.run) / "config.yaml"
     if not config.run or not saved.is_file():
         raise SystemExit(f"error: run={config.run!r} is not a run directory (no config.yaml)")

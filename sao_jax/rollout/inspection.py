@@ -184,14 +184,16 @@ def _command_at(record: GameRecord, turn: int) -> str | None:
 
 def compare_games(before: Sequence[GameRecord], after: Sequence[GameRecord]) -> dict:
     """Two policies' records of the same games, game by game: counts of games both win, both
-    lose, `after` gains and `after` loses; the `Flip`s; and, over the flips, whose command at
-    the divergence was the expert's and how the losing side ended."""
+    lose, `after` gains and `after` loses, and of games both play command for command `alike`;
+    the `Flip`s; and, over the flips, whose command at the divergence was the expert's and how
+    the losing side ended."""
     by_game = {r.game_index: r for r in before}
     if len(by_game) != len(before) or {r.game_index for r in after} != set(by_game):
         raise ValueError("compare_games needs the same games, once each, on both sides")
-    flips, both = [], Counter()
+    flips, both, alike = [], Counter(), 0
     for b in sorted(after, key=lambda r: r.game_index):
         a = by_game[b.game_index]
+        alike += a.commands == b.commands
         if a.won == b.won:
             both[a.won] += 1
             continue
@@ -216,6 +218,7 @@ def compare_games(before: Sequence[GameRecord], after: Sequence[GameRecord]) -> 
         "both_lost": both[False],
         "gained": len(gained),
         "lost": len(lost),
+        "alike": alike,
         "flips": flips,
         "agrees": {
             side: dict(Counter(f.agrees for f in group))

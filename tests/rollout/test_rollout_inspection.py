@@ -152,6 +152,7 @@ def test_compare_games_finds_the_flips_and_where_play_parts():
     assert lost.agrees == "winner" and lost.lost_mode == "wander"
     assert result["agrees"] == {"gained": {"winner": 1}, "lost": {"winner": 1}}
     assert result["divergence_turn"] == {"gained": [0], "lost": [2]}
+    assert result["alike"] == 2  # games 0 and 3, played the same both times
     summary = summarize(after)
     assert summary["success"] == 0.5 and summary["modes"]["wander"] == 1  # game 1
     assert summary["modes"]["repeat"] == 1  # game 3: "go to bed 1", admitted, four times
