@@ -244,6 +244,11 @@ def print_report(
 def main(argv: list[str] | None = None) -> dict:
     config = parse_cli(argv, InspectConfig, prog=PROG, description=__doc__.split("\n")[0])
     if config.records:
+        if config.run:
+            raise SystemExit(
+                "error: records= compares record files and plays nothing; run= plays a run's "
+                "policies: give one of the two"
+            )
         result = compare_record_files(config.records)
         for number, path in enumerate(config.records, start=1):
             print(f"{number}: {path}")

@@ -73,3 +73,5 @@ def test_bad_record_files_are_refused_naming_the_file(tmp_path):
     ]:
         with pytest.raises(SystemExit, match=message):
             inspect_checkpoints.main([f"records=[{','.join(records)}]"])
+    with pytest.raises(SystemExit, match="give one of the two"):
+        inspect_checkpoints.main([f"records=[{good},{good}]", f"run={tmp_path}"])
