@@ -24,7 +24,7 @@ from sao_jax.pipeline.evaluation import evaluate_policy
 from sao_jax.pipeline.rl import budget_left, critic_warmup, reinforcement_learning
 from sao_jax.pipeline.setup import Run
 from sao_jax.pipeline.summary import CURVE_KEYS, summarize, write_outputs
-from sao_jax.pipeline.warm_start import warm_start
+from sao_jax.pipeline.warm_start import ExtraDemos, warm_start
 from sao_jax.train import Learner
 
 
@@ -66,10 +66,14 @@ class Job:
         """Demonstrations -> behaviour cloning (+ DAgger) -> start evaluation
         (`after_warm_start` next); the learner is rebuilt on the resulting policy."""
         state = self.state
-        warm_start(state, self.log)
+        warm_start(state, self.log, extra=self.extra_demos())
         self.after_warm_start()
         self.learner = self.make_learner()
         self.learner.trained_on = state.trained_on  # its first checkpoint's parent
+
+    def extra_demos(self) -> ExtraDemos | None:
+        """Derived demonstrations a subclass clones beside the expert's (None: none)."""
+        return None
 
     def after_warm_start(self) -> None:
         """A subclass's phase between the warm start and RL (it may replace `state.policy`)."""

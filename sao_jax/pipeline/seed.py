@@ -28,18 +28,21 @@ from sao_jax.metrics import MetricsWriter, ProgressBar, read_metrics
 from sao_jax.pipeline.config import ExperimentConfig
 from sao_jax.pipeline.evaluation import evaluate_policy
 from sao_jax.pipeline.job import Job
+from sao_jax.pipeline.lengths import DEMOS
 from sao_jax.pipeline.relabel import relabel_all, relabel_with_expert
 from sao_jax.pipeline.setup import Run
 from sao_jax.pipeline.summary import CURVE_KEYS, success_key
+from sao_jax.pipeline.warm_start import ExtraDemos
 from sao_jax.seed import (
     SeedLearner,
+    episode_records,
     label_and_store,
     make_analyzer,
     skill_block_ids,
     write_skills,
 )
 from sao_jax.seed.analyzers import RuleBasedAnalyzer
-from sao_jax.seed.config import SeedConfig
+from sao_jax.seed.config import SeedConfig, hindsight_rules
 from sao_jax.seed.skill_acting import with_skill_in_context
 from sao_jax.train import BehaviourCloner, Learner, get_algorithm
 
@@ -58,10 +61,17 @@ class SeedExperimentConfig(ExperimentConfig):
     def __post_init__(self):
         super().__post_init__()
         experts = self.env.env_class.experts
-        if self.hindsight.sft_skill_acting and self.hindsight.sft_skill_expert not in experts:
+        spec = self.hindsight
+        skill_acting = spec.sft_skill_acting or spec.warm_start_skill_fraction > 0
+        if skill_acting and spec.sft_skill_expert not in experts:
             raise ValueError(
                 f"hindsight.sft_skill_expert must be one of {experts} for env "
-                f"{self.env.name!r}, got {self.hindsight.sft_skill_expert!r}"
+                f"{self.env.name!r}, got {spec.sft_skill_expert!r}"
+            )
+        if spec.warm_start_skill_fraction > 0 and hindsight_rules(self.env.name) is None:
+            raise ValueError(
+                f"hindsight.warm_start_skill_fraction needs the env's rule-based hindsight; "
+                f"env {self.env.name!r} has none"
             )
 
 
@@ -183,6 +193,24 @@ def skill_acting_data(run: Run, played, skills, *, tenant: str) -> list:
     return out
 
 
+def warm_start_skill_demos(run: Run, demos: list) -> list:
+    """Acting turns with a skill in context for the warm start (`ExtraDemos.build`): a seeded
+    `hindsight.warm_start_skill_fraction` of the expert demos, each labelled by the env's
+    rule-based analyzer and relabelled by `hindsight.sft_skill_expert` with that skill's block
+    in front of every prompt (`skill_acting_data`), written to the demos tenant."""
+    spec, config = run.config.hindsight, run.config
+    count = math.ceil(spec.warm_start_skill_fraction * len(demos))
+    if count == 0:
+        return []
+    demos = sorted(demos, key=lambda t: t.trajectory_id)
+    rng = np.random.default_rng(config.seed + run.seed_offset())
+    chosen = [demos[i] for i in sorted(rng.choice(len(demos), size=count, replace=False))]
+    analyzer = make_analyzer("rule", config=spec, tokenizer=run.tokenizer, env=config.env.name)
+    records, _ = episode_records(chosen)
+    skills = analyzer.analyze(records)
+    return skill_acting_data(run, chosen, skills, tenant=run.tenant(DEMOS))
+
+
 def _to_tenant(trajectory, tenant: str):
     """A copy of `trajectory` in `tenant`: derived data, purged with the original."""
     header = lineage.derived_header(
@@ -289,6 +317,14 @@ class SeedJob(Job):
 
     def make_learner(self) -> Learner:
         return make_learner(self.state)
+
+    def extra_demos(self) -> ExtraDemos | None:
+        spec = self.state.config.hindsight
+        if spec.warm_start_skill_fraction <= 0:
+            return None
+        return ExtraDemos(
+            build=warm_start_skill_demos, extra_tokens=spec.max_skill_tokens, name="skill_acting"
+        )
 
     def after_warm_start(self) -> None:
         # stage-1 counts ride in the evals of every checkpoint, so a resumed run reports them

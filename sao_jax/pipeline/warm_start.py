@@ -39,6 +39,24 @@ DAGGER = "dagger"
 HELDOUT = "demos-heldout"
 
 
+@dataclasses.dataclass(frozen=True)
+class ExtraDemos:
+    """Derived demonstrations cloned beside the expert's from the first step (a job's hook:
+    `Job.extra_demos`; SEED's acting turns with a skill in context are one).
+
+    Attributes:
+      build: (run, this process's expert demos) -> derived trajectories, appended to the demos
+        tenant before cloning starts (each names the demo it derives from).
+      extra_tokens: how much longer a derived row may be than its demo's: the cloning rows
+        (`warm_start.seq_len`) grow by this much.
+      name: the metric prefix of their count (`demos/<name>_episodes`).
+    """
+
+    build: Callable[[Run, list], list]
+    extra_tokens: int = 0
+    name: str = "extra"
+
+
 def heldout_games(num_games: int, total: int) -> tuple[range, range]:
     """(training games, held-out games) of a training split of `total` games: the last
     `num_games` are held out."""
@@ -58,9 +76,11 @@ def batches_per_epoch(num_rows: np.ndarray, rows: int) -> int:
     return batches + int(used > 0)
 
 
-def clone_expert(run: Run, log: MetricsWriter) -> None:
+def clone_expert(run: Run, log: MetricsWriter, *, extra: ExtraDemos | None = None) -> None:
     """Expert demonstrations -> ATDP -> loader -> behaviour cloning (+ DAgger rounds); the
     cloned policy replaces `run.policy`. Nothing to do with a HF checkpoint or no steps.
+    `extra`: derived demonstrations cloned with the expert's (`ExtraDemos`); the epochs count
+    them too.
 
     With `warm_start.epochs` the number of steps covers that many passes over the demonstrated
     rows; `bc/epoch` logs the passes made. Teacher-forced imitation metrics on held-out games
@@ -92,14 +112,19 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
     # every demo measured (the command line checked a sample): fail here, not in the loader
     lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
     check_sequence_lengths(config, lengths)
+    seq_len, extra_episodes = spec.seq_len, 0
+    if extra is not None:
+        extra_episodes = add_extra_demos(run, extra)
+        seq_len += extra.extra_tokens
+        lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
     share = spec.rows // run.processes  # each process's share of a batch
-    fits = (lengths.longest_row <= spec.seq_len) & (lengths.num_rows <= share)
+    fits = (lengths.longest_row <= seq_len) & (lengths.num_rows <= share)
     epoch_rows = int(lengths.num_rows[fits].sum())
     steps = spec.steps
     if spec.epochs > 0:
         per_epoch = int(allgather_numbers([batches_per_epoch(lengths.num_rows[fits], share)]).max())
         steps = max(1, math.ceil(spec.epochs * per_epoch))
-    loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+    loader = run.loader(DEMOS, rows=spec.rows, seq_len=seq_len)
     rows_seen = [0]
 
     def counted(batches: Iterator[dict]) -> Iterator[dict]:
@@ -147,7 +172,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
     with bar:
         cloner.run(batches, steps, report)
         for round_index in range(spec.dagger_rounds):
-            dagger.append(dagger_round(run, log, cloner, round_index, report))
+            dagger.append(dagger_round(run, log, cloner, round_index, report, seq_len=seq_len))
     run.policy = cloner.policy_module()
     run.seconds["bc"] += time.perf_counter() - start
     log.write(
@@ -158,6 +183,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
             "demos/success_rate": demos["success_rate"],
             "demos/avg_steps": demos["avg_steps"],
             "demos/too_long_fraction": float(1 - fits.mean()),
+            **({f"demos/{extra.name}_episodes": extra_episodes} if extra is not None else {}),
             "bc/steps": total,
             "bc/epochs": rows_seen[0] / max(epoch_rows, 1),
         },
@@ -168,6 +194,7 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
         "expert_success": demos["success_rate"],
         "expert_avg_steps": demos["avg_steps"],
         "demos_too_long_fraction": float(1 - fits.mean()),
+        **({f"{extra.name}_episodes": extra_episodes} if extra is not None else {}),
         **{f"heldout_{k}": v for k, v in last_heldout.items()},
     }
     if dagger:  # each round's success on the games it played, and the turns relabelled
@@ -175,6 +202,20 @@ def clone_expert(run: Run, log: MetricsWriter) -> None:
             run.evals["warm_start"][f"dagger{i + 1}_success"] = result["success"]
         turns = sum(r["relabelled_turns"] for r in dagger)
         run.evals["warm_start"]["dagger_relabelled_turns"] = turns
+
+
+def add_extra_demos(run: Run, extra: ExtraDemos) -> int:
+    """Builds `extra`'s trajectories from this process's expert demos and appends them to the
+    demos tenant; returns how many every process added."""
+    tenant = run.tenant(DEMOS)
+    reader = run.store.reader(tenant, principal=tenant)
+    reader.refresh()
+    demos = [reader.read(i) for i in reader.trajectory_ids()]
+    derived = list(extra.build(run, demos))
+    if derived:
+        with run.store.writer(tenant) as writer:
+            writer.append(derived)
+    return int(allgather_numbers([len(derived)]).sum())
 
 
 def heldout_batches(run: Run, spec) -> list[dict]:
@@ -193,11 +234,13 @@ def dagger_round(
     cloner: BehaviourCloner,
     index: int,
     report: Callable[[int, dict], None],
+    *,
+    seq_len: int | None = None,
 ) -> dict[str, float]:
     """The cloned policy plays (at `warm_start.dagger_temperature`; 0: greedy), the expert
-    relabels its turns into the demos tenant, and cloning continues on everything there.
-    Returns the round's `success` (of the games played, every process's) and
-    `relabelled_turns`."""
+    relabels its turns into the demos tenant, and cloning continues on everything there (rows
+    of `seq_len`, default `warm_start.seq_len`). Returns the round's `success` (of the games
+    played, every process's) and `relabelled_turns`."""
     spec, config = run.config.warm_start, run.config
     publisher = run.publisher()
     publisher.publish(cloner.policy_module(), index)
@@ -237,7 +280,7 @@ def dagger_round(
             "dagger/relabelled_turns": turns,
         },
     )
-    loader = run.loader(DEMOS, rows=spec.rows, seq_len=spec.seq_len)
+    loader = run.loader(DEMOS, rows=spec.rows, seq_len=seq_len or spec.seq_len)
     batches = iter(loader.epoch(seed=config.seed + index + 1, num_epochs=None))
     cloner.run(batches, spec.dagger_steps, report)
     return {"success": float(stats["success_rate"]), "relabelled_turns": turns}
@@ -275,10 +318,17 @@ def evaluation_changes(config, from_run: str) -> list[str]:
     ]
 
 
-def warm_start(run: Run, log: MetricsWriter, *, reevaluate: bool = True) -> None:
+def warm_start(
+    run: Run,
+    log: MetricsWriter,
+    *,
+    reevaluate: bool = True,
+    extra: ExtraDemos | None = None,
+) -> None:
     """The cloned policy and its start evaluation, saved to DIR/warm_start (or both taken from
     `warm_start.from_run`; its policy is evaluated again when this run evaluates otherwise,
-    `evaluation_changes`, unless `reevaluate` is False)."""
+    `evaluation_changes`, unless `reevaluate` is False). `extra`: derived demonstrations
+    cloned beside the expert's (`ExtraDemos`)."""
     spec = run.config.warm_start
     if spec.from_run:
         with Checkpointer(
@@ -298,7 +348,7 @@ def warm_start(run: Run, log: MetricsWriter, *, reevaluate: bool = True) -> None
         print(f"warm_start.from_run: evaluating its policy again ({', '.join(changed)} differ)")
         evaluate_policy(run, log, run.policy, 0, "start")
         return
-    clone_expert(run, log)
+    clone_expert(run, log, extra=extra)
     evaluate_policy(run, log, run.policy, 0, "start")
     with Checkpointer(run.warm_start_dir, max_to_keep=1, async_save=False) as saved:
         kept = {k: run.evals[k] for k in ("start", "warm_start") if k in run.evals}

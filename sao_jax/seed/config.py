@@ -42,6 +42,12 @@ class SeedConfig:
       sft_skill_expert: the expert that labels those turns: one that acts on what the skill
         states ("oracle": ALFWorld's planner, whose procedure and object locations the
         rule-based skill states).
+      warm_start_skill_fraction: the share of the warm start's expert demos that are also
+        cloned as acting turns with a skill in context, from the first cloning step: the
+        env's rule-based analyzer writes the demo's skill, `sft_skill_expert` relabels its
+        turns, each prompt carries the skill's block (as `sft_skill_acting` does in stage 1,
+        but over thousands of rows instead of a few hundred); cloning rows grow by
+        `max_skill_tokens` and the epochs count these turns too (0: off).
       opd_analyzer: stage-2 analyzer: "self_policy" (SEED) or "rule" / "openai".
       max_skill_tokens: skill-block budget of re-scored rows (S); a rule-based skill keeps
         its most important sentences that fit it (the ALFWorld rules' skills take 30-150
@@ -65,6 +71,7 @@ class SeedConfig:
     sft_acting: bool = True
     sft_skill_acting: bool = False
     sft_skill_expert: str = "oracle"
+    warm_start_skill_fraction: float = 0.0
     opd_analyzer: str = "self_policy"
     max_skill_tokens: int = 128
     max_skill_new_tokens: int = 96
@@ -85,6 +92,11 @@ class SeedConfig:
         for name in ("sft_episodes", "max_skill_new_tokens", "max_actions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SeedConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.warm_start_skill_fraction <= 1.0:
+            raise ValueError(
+                "SeedConfig.warm_start_skill_fraction must be in [0, 1], got "
+                f"{self.warm_start_skill_fraction}"
+            )
         if self.sft_steps < 0:
             raise ValueError(f"SeedConfig.sft_steps must be >= 0, got {self.sft_steps}")
         if self.max_skill_tokens < 4:

@@ -13,7 +13,7 @@ from sao_jax.losses import SKILL_KINDS
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.seed import SeedExperimentConfig
 from sao_jax.pipeline.setup import build_tokenizer
-from sao_jax.seed import load_skills, skill_block_ids
+from sao_jax.seed import episode_records, load_skills, make_analyzer, skill_block_ids
 
 REPO = Path(__file__).parents[2]
 MICRO = [
@@ -106,6 +106,61 @@ def test_a_seed_run_spans_two_processes(tmp_path):
     assert written and all(load_skills(store, tenant=t) for t in written)
     rl = [r for r in read_metrics(tmp_path / "out") if r.get("phase") == 1.0]
     assert rl and all("policy/opd_loss" in r and "policy/opd_delta_p50" in r for r in rl)
+
+
+@pytest.mark.slow
+def test_the_warm_start_clones_skill_carrying_turns_beside_the_demos(tmp_path):
+    overrides = [*MICRO, "hindsight.warm_start_skill_fraction=0.5", "hindsight.sft_steps=0"]
+    argv = [*overrides, "--out", str(tmp_path)]
+    alfworld_seed.main(argv)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    store = AtdpStore.open(str(tmp_path / "atdp"), create=False)
+    reader = store.reader("demos", principal="demos")
+    reader.refresh()
+    trajectories = [reader.read(i) for i in reader.trajectory_ids()]
+    with_skill = [t for t in trajectories if t.trajectory_id.endswith("-skill")]
+    demos = {t.trajectory_id: t for t in trajectories if t not in with_skill}
+    # half of micro's 4 demos, each relabelled by the planner with its skill block in front
+    assert len(demos) == 4 and len(with_skill) == 2
+    assert saved["warm_start"]["skill_acting_episodes"] == 2
+    config = alfworld_seed.parse(overrides)
+    word = build_tokenizer(config)
+    analyzer = make_analyzer("rule", config=config.hindsight, tokenizer=word, env=config.env.name)
+    for trajectory in with_skill:
+        (source,) = trajectory.header.derived_from
+        demo = demos[source.trajectory_id]
+        (skill,) = analyzer.analyze(episode_records([demo])[0])
+        block = skill_block_ids(word, skill.text)
+        calls, plain = _calls(trajectory), _calls(demo)
+        assert calls and all(c.input_ids[: len(block)].tolist() == block for c in calls)
+        assert [c.input_ids[len(block) :].tolist() for c in calls] == [
+            c.input_ids.tolist() for c in plain[: len(calls)]
+        ]
+        assert {c.decoding.extra["policy"] for c in calls} == {"expert-oracle"}
+    # the count is logged with the demos' own, and the cloning rows grew to hold the longer
+    # turns (at the demos' own seq_len every skill-carrying episode would be dropped)
+    (demo_record,) = [r for r in read_metrics(tmp_path) if "demos/skill_acting_episodes" in r]
+    assert demo_record["demos/skill_acting_episodes"] == 2
+    assert saved["warm_start"]["demos_too_long_fraction"] == 0.0
+    longest = max(len(c.input_ids) + len(c.output_ids) for t in with_skill for c in _calls(t))
+    assert longest > config.warm_start.seq_len
+
+
+def _calls(trajectory):
+    return [e.llm for e in trajectory.events if e.llm is not None]
+
+
+def test_a_warm_start_skill_fraction_outside_zero_to_one_is_refused(capsys):
+    for value in ("-0.1", "1.5"):
+        with pytest.raises(SystemExit):
+            alfworld_seed.parse(
+                ["--config", "micro", f"hindsight.warm_start_skill_fraction={value}"]
+            )
+        assert "warm_start_skill_fraction must be in [0, 1]" in capsys.readouterr().err
+    argv = ["--config", "micro", "hindsight.warm_start_skill_fraction=0.5"]
+    with pytest.raises(SystemExit):
+        alfworld_seed.parse([*argv, "hindsight.sft_skill_expert=x"])
+    assert "hindsight.sft_skill_expert must be one of" in capsys.readouterr().err
 
 
 def test_bad_seed_overrides_are_named(capsys):
