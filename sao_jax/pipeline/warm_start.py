@@ -52,7 +52,7 @@ class ExtraDemos:
       name: the metric prefix of their count (`demos/<name>_episodes`).
     """
 
-    build: Callable[[Run, list], list]
+    build: Callable[[Run, list], list]  # also given each DAgger round's played episodes
     extra_tokens: int = 0
     name: str = "extra"
 
@@ -172,7 +172,9 @@ def clone_expert(run: Run, log: MetricsWriter, *, extra: ExtraDemos | None = Non
     with bar:
         cloner.run(batches, steps, report)
         for round_index in range(spec.dagger_rounds):
-            dagger.append(dagger_round(run, log, cloner, round_index, report, seq_len=seq_len))
+            dagger.append(
+                dagger_round(run, log, cloner, round_index, report, seq_len=seq_len, extra=extra)
+            )
     run.policy = cloner.policy_module()
     run.seconds["bc"] += time.perf_counter() - start
     log.write(
@@ -236,11 +238,13 @@ def dagger_round(
     report: Callable[[int, dict], None],
     *,
     seq_len: int | None = None,
+    extra: ExtraDemos | None = None,
 ) -> dict[str, float]:
     """The cloned policy plays (at `warm_start.dagger_temperature`; 0: greedy), the expert
-    relabels its turns into the demos tenant, and cloning continues on everything there (rows
-    of `seq_len`, default `warm_start.seq_len`). Returns the round's `success` (of the games
-    played, every process's) and `relabelled_turns`."""
+    relabels its turns into the demos tenant (with `extra`'s trajectories derived from the
+    played episodes: the policy's own states), and cloning continues on everything there
+    (rows of `seq_len`, default `warm_start.seq_len`). Returns the round's `success` (of the
+    games played, every process's) and `relabelled_turns`."""
     spec, config = run.config.warm_start, run.config
     publisher = run.publisher()
     publisher.publish(cloner.policy_module(), index)
@@ -266,11 +270,11 @@ def dagger_round(
         tenant=run.tenant(DEMOS),
         expert=config.env.expert,  # the expert that made the demos
     )
+    derived = list(extra.build(run, played)) if extra is not None else []
     with run.store.writer(run.tenant(DEMOS)) as writer:
-        writer.append(relabelled)
-    turns = int(  # over every process's relabelled episodes
-        allgather_numbers([sum(len(t.llm_events()) for t in relabelled)]).sum()
-    )
+        writer.append([*relabelled, *derived])
+    counts = allgather_numbers([sum(len(t.llm_events()) for t in relabelled), len(derived)])
+    turns, derived_count = (int(n) for n in counts.sum(axis=0))  # over every process's
     log.write(
         run.step,
         {
@@ -278,6 +282,7 @@ def dagger_round(
             "dagger/episodes": stats["episodes"],
             "dagger/success": stats["success_rate"],
             "dagger/relabelled_turns": turns,
+            **({f"dagger/{extra.name}_episodes": derived_count} if extra is not None else {}),
         },
     )
     loader = run.loader(DEMOS, rows=spec.rows, seq_len=seq_len or spec.seq_len)

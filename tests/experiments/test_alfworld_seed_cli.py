@@ -110,37 +110,47 @@ def test_a_seed_run_spans_two_processes(tmp_path):
 
 @pytest.mark.slow
 def test_the_warm_start_clones_skill_carrying_turns_beside_the_demos(tmp_path):
-    overrides = [*MICRO, "hindsight.warm_start_skill_fraction=0.5", "hindsight.sft_steps=0"]
-    argv = [*overrides, "--out", str(tmp_path)]
-    alfworld_seed.main(argv)
+    overrides = [
+        *MICRO, "warm_start.dagger_rounds=1", "hindsight.warm_start_skill_fraction=0.5",
+        "hindsight.sft_steps=0",
+    ]  # fmt: skip
+    alfworld_seed.main([*overrides, "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "summary.json").read_text())
     store = AtdpStore.open(str(tmp_path / "atdp"), create=False)
-    reader = store.reader("demos", principal="demos")
-    reader.refresh()
-    trajectories = [reader.read(i) for i in reader.trajectory_ids()]
-    with_skill = [t for t in trajectories if t.trajectory_id.endswith("-skill")]
-    demos = {t.trajectory_id: t for t in trajectories if t not in with_skill}
-    # half of micro's 4 demos, each relabelled by the planner with its skill block in front
-    assert len(demos) == 4 and len(with_skill) == 2
-    assert saved["warm_start"]["skill_acting_episodes"] == 2
+    sources = {}  # every episode a skill-carrying one may derive from
+    for tenant in ("demos", "dagger"):
+        reader = store.reader(tenant, principal=tenant)
+        reader.refresh()
+        sources.update({i: reader.read(i) for i in reader.trajectory_ids()})
+    with_skill = [t for i, t in sources.items() if i.endswith("-skill")]
+    derived = {t.header.derived_from[0].trajectory_id: t for t in with_skill}
+    demos = [i for i in sources if i.startswith("demos-") and "-relabel" not in i]
+    played = [i for i in sources if i.startswith("dagger-") and "-relabel" not in i]
+    # half of micro's 4 demos and of the DAgger round's 2 played games (the policy's own
+    # states), each relabelled by the planner with its skill block in front of every prompt
+    assert len(demos) == 4 and len(played) == 2
+    assert len(set(derived) & set(demos)) == 2 and len(set(derived) & set(played)) == 1
+    assert len(with_skill) == 3 and saved["warm_start"]["skill_acting_episodes"] == 2
     config = alfworld_seed.parse(overrides)
     word = build_tokenizer(config)
     analyzer = make_analyzer("rule", config=config.hindsight, tokenizer=word, env=config.env.name)
-    for trajectory in with_skill:
-        (source,) = trajectory.header.derived_from
-        demo = demos[source.trajectory_id]
-        (skill,) = analyzer.analyze(episode_records([demo])[0])
+    for source_id, trajectory in derived.items():
+        source = sources[source_id]
+        (skill,) = analyzer.analyze(episode_records([source])[0])
         block = skill_block_ids(word, skill.text)
-        calls, plain = _calls(trajectory), _calls(demo)
+        calls, plain = _calls(trajectory), _calls(source)
         assert calls and all(c.input_ids[: len(block)].tolist() == block for c in calls)
         assert [c.input_ids[len(block) :].tolist() for c in calls] == [
             c.input_ids.tolist() for c in plain[: len(calls)]
         ]
         assert {c.decoding.extra["policy"] for c in calls} == {"expert-oracle"}
-    # the count is logged with the demos' own, and the cloning rows grew to hold the longer
-    # turns (at the demos' own seq_len every skill-carrying episode would be dropped)
-    (demo_record,) = [r for r in read_metrics(tmp_path) if "demos/skill_acting_episodes" in r]
+    # the counts are logged with the demos' and the round's own, and the cloning rows grew to
+    # hold the longer turns (at the demos' own seq_len every skill-carrying one is dropped)
+    records = read_metrics(tmp_path)
+    (demo_record,) = [r for r in records if "demos/skill_acting_episodes" in r]
+    (round_record,) = [r for r in records if "dagger/skill_acting_episodes" in r]
     assert demo_record["demos/skill_acting_episodes"] == 2
+    assert round_record["dagger/skill_acting_episodes"] == 1
     assert saved["warm_start"]["demos_too_long_fraction"] == 0.0
     longest = max(len(c.input_ids) + len(c.output_ids) for t in with_skill for c in _calls(t))
     assert longest > config.warm_start.seq_len
