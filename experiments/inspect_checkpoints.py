@@ -124,7 +124,13 @@ def policy_sources(config: InspectConfig, run: ExperimentConfig) -> dict[int, tu
     run_dir = Path(config.run)
     warm = Path(run.warm_start.from_run or run_dir) / WARM_START_DIR
     rl = checkpoints_by_version(Path(run.checkpoint_dir or run_dir / "checkpoints"))
-    available = {0: (warm, 0), **{v: (run_dir / "checkpoints", s) for v, s in rl.items() if v}}
+    available = {v: (run_dir / "checkpoints", s) for v, s in rl.items() if v}
+    if warm.is_dir():  # the cloned policy (a run stopped while cloning has none)
+        available = {0: (warm, 0), **available}
+    if not available:
+        raise SystemExit(
+            f"error: {config.run} holds no policy yet (no warm_start/, no RL checkpoint)"
+        )
     wanted = config.policy_steps or tuple(sorted(available))
     missing = [s for s in wanted if s not in available]
     if missing:
@@ -257,7 +263,10 @@ def main(argv: list[str] | None = None) -> dict:
     saved = Path(config.run) / "config.yaml"
     if not config.run or not saved.is_file():
         raise SystemExit(f"error: run={config.run!r} is not a run directory (no config.yaml)")
-    run = load_config(saved, ExperimentConfig())
+    # every section a run of `alfworld_sao` has; an `alfworld_seed` run's `hindsight` is not
+    # needed to replay its policies
+    sections = [f.name for f in dataclasses.fields(ExperimentConfig)]
+    run = load_config(saved, ExperimentConfig(), sections=sections)
     try:
         run = resolve(apply_overrides(run, config.run_overrides))
     except ValueError as error:  # ConfigError, or a config the overrides make invalid

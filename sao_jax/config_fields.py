@@ -340,13 +340,18 @@ def config_to_yaml(config: Any, header: Sequence[str] = ()) -> str:
     return comments + OmegaConf.to_yaml(structured(config))
 
 
-def load_config(path: str | os.PathLike, schema: C) -> C:
-    """Read a config.yaml written by `parse_cli`, checked against `schema`'s dataclass."""
+def load_config(path: str | os.PathLike, schema: C, *, sections: Sequence[str] | None = None) -> C:
+    """Read a config.yaml written by `parse_cli`, checked against `schema`'s dataclass.
+    `sections`: read only these top-level keys of the file (the rest of the result is
+    `schema`'s), e.g. to compare a few settings with another job's run, whose file may hold
+    sections this schema does not know."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no config file at {path}")
     try:
         saved = OmegaConf.load(path)
+        if sections is not None:
+            saved = OmegaConf.masked_copy(saved, [k for k in sections if k in saved])
         return OmegaConf.to_object(OmegaConf.merge(structured(schema), saved))
     except (ConfigKeyError, ConfigAttributeError) as error:
         key = getattr(error, "full_key", None) or str(error)

@@ -310,11 +310,13 @@ EVALUATION_FIELDS = {
 
 def evaluation_changes(config, from_run: str) -> list[str]:
     """The settings (`EVALUATION_FIELDS`) in which `config` evaluates otherwise than the run in
-    `from_run` did (its config.yaml); none when that run saved no config."""
+    `from_run` did (its config.yaml); none when that run saved no config. Only those sections
+    are read, so the run may be another job's (an `alfworld_seed` warm start for an
+    `alfworld_sao` run, whose schema has no `hindsight`)."""
     saved = Path(from_run) / CONFIG_FILE
     if not saved.is_file():
         return []
-    earlier = load_config(saved, type(config)())
+    earlier = load_config(saved, type(config)(), sections=list(EVALUATION_FIELDS))
     return [
         f"{section}.{name}"
         for section, names in EVALUATION_FIELDS.items()

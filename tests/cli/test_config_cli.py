@@ -205,6 +205,14 @@ def test_yaml_round_trip_and_stale_saved_config(tmp_path):
         load_config(path, PRESETS["tiny"])
     with pytest.raises(FileNotFoundError, match="no config file"):
         load_config(tmp_path / "absent.yaml", PRESETS["tiny"])
+    # sections=: only those top-level keys are read; the unknown one is ignored, the rest of
+    # the result is the schema's
+    partial = load_config(path, PRESETS["tiny"], sections=["model", "absent_section"])
+    assert partial.model == config.model and partial.optim == PRESETS["tiny"].optim
+    assert partial.model != PRESETS["tiny"].model
+    path.write_text(path.read_text() + "model_extra: 1\n")
+    with pytest.raises(ConfigError, match="unknown key"):  # a read section is still checked
+        load_config(path, PRESETS["tiny"], sections=["model_extra"])
 
 
 def test_describe_fields_covers_every_leaf():

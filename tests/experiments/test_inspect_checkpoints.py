@@ -75,3 +75,17 @@ def test_bad_record_files_are_refused_naming_the_file(tmp_path):
             inspect_checkpoints.main([f"records=[{','.join(records)}]"])
     with pytest.raises(SystemExit, match="give one of the two"):
         inspect_checkpoints.main([f"records=[{good},{good}]", f"run={tmp_path}"])
+
+
+def test_a_seed_run_is_read_and_a_run_without_policies_is_refused(tmp_path):
+    """An `alfworld_seed` run's config.yaml (with its `hindsight` section) is read like an
+    `alfworld_sao` one; a run that saved no policy yet is refused by name, not by traceback."""
+    from experiments import alfworld_seed
+    from sao_jax.config_fields import config_to_yaml
+
+    (tmp_path / "config.yaml").write_text(config_to_yaml(alfworld_seed.PRESETS["micro"]))
+    for asked in ([], ["policy_steps=[0]"]):
+        with pytest.raises(SystemExit, match="holds no policy yet"):
+            inspect_checkpoints.main([f"run={tmp_path}", *asked])
+    with pytest.raises(SystemExit, match="is not a run directory"):
+        inspect_checkpoints.main([f"run={tmp_path / 'absent'}"])

@@ -158,3 +158,21 @@ def test_a_reused_warm_start_is_evaluated_again_when_the_evaluation_changes(tmp_
         "eval.num_games",
     ]
     assert evaluation_changes(other, str(tmp_path / "no_run_here")) == []
+
+
+def test_a_warm_start_of_another_job_is_compared_on_its_evaluation_settings_only(tmp_path):
+    """An `alfworld_sao` run may reuse an `alfworld_seed` warm start: that run's config.yaml has
+    a `hindsight` section the plain schema does not know, and only the evaluation settings are
+    compared (an SAO baseline from a SEED warm start used to fail on the unknown key)."""
+    from sao_jax.config_fields import apply_overrides, config_to_yaml
+    from sao_jax.pipeline.config import ExperimentConfig
+    from sao_jax.pipeline.seed import SeedExperimentConfig
+    from sao_jax.pipeline.warm_start import evaluation_changes
+
+    seed_run = apply_overrides(
+        SeedExperimentConfig(), ["hindsight.warm_start_skill_fraction=0.5", "env.max_steps=15"]
+    )
+    (tmp_path / "config.yaml").write_text(config_to_yaml(seed_run))
+    plain = ExperimentConfig()
+    assert evaluation_changes(apply_overrides(plain, ["env.max_steps=15"]), str(tmp_path)) == []
+    assert evaluation_changes(plain, str(tmp_path)) == ["env.max_steps"]
