@@ -207,9 +207,94 @@ def measure(config: GapConfig) -> dict:
         "success_rate": played["success_rate"],
         "rules": f"{rules.env}:{rules.version}",
         "rows": rows,
+        "expert_replies": expert_reply_gap(run, learner, config.max_skill_tokens),
     }
     (out / "skill_gap.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def expert_reply_gap(run, learner, max_skill_tokens: int) -> dict:
+    """Does the teacher know better where the student did not? The oracle expert's reply in
+    every state the policy played (`relabel_with_expert`), scored with the episode's whole
+    skill block in front of the prompt (`with_skill_in_context`, as stage 2 injects it) and
+    without; per reply (summed over its tokens): the mean gap, the mean log-prob of each, the
+    same over the replies the plain policy gives less than 1/e, and there the share the
+    skill-reading policy gives more than 1/2."""
+    from sao_jax.pipeline.relabel import relabel_with_expert
+    from sao_jax.seed import episode_records, make_analyzer, skill_block_ids
+    from sao_jax.seed.config import SeedConfig
+    from sao_jax.seed.skill_acting import with_skill_in_context
+
+    experiment, tokenizer = run.config, run.tokenizer
+    reader = run.store.reader("gap", principal="gap")
+    reader.refresh()
+    played = [reader.read(i) for i in reader.trajectory_ids()]
+    analyzer = make_analyzer(
+        "rule", config=SeedConfig(max_skill_tokens=max_skill_tokens), tokenizer=tokenizer,
+        env=experiment.env.name,
+    )  # fmt: skip
+    records, _ = episode_records(played)
+    skills = {s.trajectory_id: s for s in analyzer.analyze(records)}
+    plain, skilled = [], []
+    for trajectory in played:
+        skill = skills.get(trajectory.trajectory_id)
+        relabelled = relabel_with_expert(
+            trajectory, tokenizer, think=experiment.rollout.think,
+            max_new_tokens=experiment.rollout.max_new_tokens, tenant="gap-expert",
+            expert="oracle",
+        )  # fmt: skip
+        if skill is None or relabelled is None:
+            continue
+        block = skill_block_ids(tokenizer, skill.text)
+        plain.append(relabelled)
+        skilled.append(with_skill_in_context(relabelled, block, max_skill_tokens=max_skill_tokens))
+    with run.store.writer("gap-expert") as writer:
+        writer.append(plain)
+    with run.store.writer("gap-expert-skill") as writer:
+        writer.append([_in_tenant(t, "gap-expert-skill") for t in skilled])
+    seq_len = experiment.rl.seq_len
+    without = _reply_logprobs(run, learner, "gap-expert", seq_len)
+    with_skill = _reply_logprobs(run, learner, "gap-expert-skill", seq_len + max_skill_tokens)
+    if [r for r, _ in without] != [r for r, _ in with_skill]:
+        raise RuntimeError("expert_reply_gap: the two replays do not hold the same replies")
+    before = np.array([lp for _, lp in without])
+    after = np.array([lp for _, lp in with_skill])
+    unlikely = before < -1.0
+    return {
+        "replies": int(before.size),
+        "gap_per_reply": float((after - before).mean()),
+        "logp_without": float(before.mean()),
+        "logp_with": float(after.mean()),
+        "unlikely_replies": int(unlikely.sum()),
+        "unlikely_gap_per_reply": float((after - before)[unlikely].mean())
+        if unlikely.any()
+        else None,
+        "unlikely_share_above_half": float((after[unlikely] > np.log(0.5)).mean())
+        if unlikely.any()
+        else None,
+    }
+
+
+def _in_tenant(trajectory, tenant: str):
+    """`trajectory` re-homed in `tenant` (a scratch copy for a second loader)."""
+    header = trajectory.header
+    governance = dataclasses.replace(header.governance, tenant=tenant)
+    header = dataclasses.replace(header, governance=governance, derived_from=())
+    return dataclasses.replace(trajectory, header=header)
+
+
+def _reply_logprobs(run, learner, tenant: str, seq_len: int) -> list[tuple[tuple, float]]:
+    """(reply tokens, summed log-prob) of every reply in `tenant`, in stored order."""
+    loader = run.loader(tenant, rows=run.config.rl.rows, seq_len=seq_len)
+    out = []
+    for batch in loader.epoch(shuffle=False, num_epochs=1):
+        logp = np.asarray(learner.policy_logprobs(batch))
+        mask = np.asarray(batch["loss_mask"]) > 0
+        tokens, traj = np.asarray(batch["tokens"]), np.asarray(batch["traj_index"])
+        turn = np.asarray(batch["turn_index"])
+        order = sorted(np.flatnonzero(traj >= 0), key=lambda r: (traj[r], turn[r]))
+        out += [(tuple(tokens[r][mask[r]].tolist()), float(logp[r][mask[r]].sum())) for r in order]
+    return out
 
 
 def _fit(parts, tokenizer, budget: int) -> str:
@@ -233,7 +318,19 @@ def main(argv: list[str]) -> dict:
         f"rules {result['rules']}; gap = log pi(a | skill + context) - log pi(a | context)"
     )
     print(summary_table(result["rows"], floatfmt=".3f"))
+    expert = result["expert_replies"]
+    print(
+        f"the oracle's replies in those states ({expert['replies']}), whole skill in context: "
+        f"gap {expert['gap_per_reply']:+.3f} nats a reply (log-prob {expert['logp_without']:.3f}"
+        f" -> {expert['logp_with']:.3f}); where the policy gives it < 1/e "
+        f"({expert['unlikely_replies']}): gap {_signed(expert['unlikely_gap_per_reply'])}, "
+        f"share above 1/2 with the skill {_signed(expert['unlikely_share_above_half'], '.2f')}"
+    )
     return result
+
+
+def _signed(value, spec: str = "+.3f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 if __name__ == "__main__":
