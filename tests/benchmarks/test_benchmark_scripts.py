@@ -8,6 +8,7 @@ states what it compares. The figures mean nothing at this size and are not check
 where a script also checks correctness (model_vs_hf's logits against transformers).
 """
 
+import json
 import os
 import re
 import shlex
@@ -176,8 +177,19 @@ def test_seed_skill_gap_runs_on_a_run_directory(tmp_path):
         ]
     )
     done = run_script("seed_skill_gap", f"run_dir={run} episodes=2 out_dir={{tmp}}", tmp_path)
-    check_output(done, [r"2 episodes of train \(success \d\.\d{3}\)", r"gap = log pi"])
-    assert (tmp_path / "scratch" / "skill_gap.json").is_file()
+    check_output(
+        done,
+        [
+            r"2 episodes of train \(success \d\.\d{3}\)",
+            r"gap = log pi",
+            r"the oracle's replies in those states \(\d+\), whole skill in context: gap [-+]\d",
+        ],
+    )
+    result = json.loads((tmp_path / "scratch" / "skill_gap.json").read_text())
+    expert = result["expert_replies"]
+    assert expert["replies"] > 0 and expert["unlikely_replies"] <= expert["replies"]
+    gap = expert["logp_with"] - expert["logp_without"]
+    assert expert["gap_per_reply"] == pytest.approx(gap, abs=1e-6)
 
 
 @pytest.mark.slow
