@@ -195,9 +195,10 @@ def skill_acting_data(run: Run, played, skills, *, tenant: str) -> list:
 
 def warm_start_skill_demos(run: Run, demos: list) -> list:
     """Acting turns with a skill in context for the warm start (`ExtraDemos.build`): a seeded
-    `hindsight.warm_start_skill_fraction` of the expert demos, each labelled by the env's
-    rule-based analyzer and relabelled by `hindsight.sft_skill_expert` with that skill's block
-    in front of every prompt (`skill_acting_data`), written to the demos tenant."""
+    `hindsight.warm_start_skill_fraction` of `demos` (the expert demos, or a DAgger round's
+    played games), each labelled by the env's rule-based analyzer and relabelled by
+    `hindsight.sft_skill_expert` with that skill's block in front of every prompt
+    (`skill_acting_data`), for the demos tenant."""
     spec, config = run.config.hindsight, run.config
     count = math.ceil(spec.warm_start_skill_fraction * len(demos))
     if count == 0:

@@ -45,14 +45,15 @@ class ExtraDemos:
     `Job.extra_demos`; SEED's acting turns with a skill in context are one).
 
     Attributes:
-      build: (run, this process's expert demos) -> derived trajectories, appended to the demos
-        tenant before cloning starts (each names the demo it derives from).
+      build: (run, episodes) -> derived trajectories, appended to the demos tenant: called
+        with this process's expert demos before cloning starts, and with each DAgger round's
+        played games before that round clones (each result names the episode it derives from).
       extra_tokens: how much longer a derived row may be than its demo's: the cloning rows
         (`warm_start.seq_len`) grow by this much.
       name: the metric prefix of their count (`demos/<name>_episodes`).
     """
 
-    build: Callable[[Run, list], list]  # also given each DAgger round's played episodes
+    build: Callable[[Run, list], list]
     extra_tokens: int = 0
     name: str = "extra"
 
