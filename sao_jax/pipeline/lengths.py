@@ -54,6 +54,14 @@ class DemoLengths:
                 prompts.append(max(len(turn.input_ids) for turn in view.turns))
         return cls(np.asarray(longest), np.asarray(counts), np.asarray(prompts))
 
+    def extended(self, other: DemoLengths) -> DemoLengths:
+        """These episodes' lengths followed by `other`'s (as if stored after them)."""
+        joined = {
+            f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)]).astype(int)
+            for f in dataclasses.fields(self)
+        }
+        return DemoLengths(**joined)
+
 
 def measure_demonstrations(
     tokenizer: Tokenizer, rollout: RolloutConfig, env: EnvConfig, *, num_episodes: int = 256

@@ -29,7 +29,12 @@ from sao_jax.config_fields import load_config
 from sao_jax.distributed.host_sync import allgather_numbers
 from sao_jax.metrics import MetricsWriter, ProgressBar
 from sao_jax.pipeline.evaluation import evaluate_policy
-from sao_jax.pipeline.lengths import DEMOS, check_sequence_lengths, stored_demo_lengths
+from sao_jax.pipeline.lengths import (
+    DEMOS,
+    DemoLengths,
+    check_sequence_lengths,
+    stored_demo_lengths,
+)
 from sao_jax.pipeline.relabel import relabel_all
 from sao_jax.pipeline.setup import WARM_START_DIR, Run, env_splits
 from sao_jax.rollout import collect_expert_demos
@@ -115,9 +120,9 @@ def clone_expert(run: Run, log: MetricsWriter, *, extra: ExtraDemos | None = Non
     check_sequence_lengths(config, lengths)
     seq_len, extra_episodes = spec.seq_len, 0
     if extra is not None:
-        extra_episodes = add_extra_demos(run, extra)
+        derived, extra_episodes = add_extra_demos(run, extra)
         seq_len += extra.extra_tokens
-        lengths = stored_demo_lengths(run.store, config.rollout.layout, run.tenant(DEMOS))
+        lengths = lengths.extended(DemoLengths.of(derived, config.rollout.layout))
     share = spec.rows // run.processes  # each process's share of a batch
     fits = (lengths.longest_row <= seq_len) & (lengths.num_rows <= share)
     epoch_rows = int(lengths.num_rows[fits].sum())
@@ -207,9 +212,9 @@ def clone_expert(run: Run, log: MetricsWriter, *, extra: ExtraDemos | None = Non
         run.evals["warm_start"]["dagger_relabelled_turns"] = turns
 
 
-def add_extra_demos(run: Run, extra: ExtraDemos) -> int:
+def add_extra_demos(run: Run, extra: ExtraDemos) -> tuple[list, int]:
     """Builds `extra`'s trajectories from this process's expert demos and appends them to the
-    demos tenant; returns how many every process added."""
+    demos tenant; returns them and how many every process added."""
     tenant = run.tenant(DEMOS)
     reader = run.store.reader(tenant, principal=tenant)
     reader.refresh()
@@ -218,7 +223,7 @@ def add_extra_demos(run: Run, extra: ExtraDemos) -> int:
     if derived:
         with run.store.writer(tenant) as writer:
             writer.append(derived)
-    return int(allgather_numbers([len(derived)]).sum())
+    return derived, int(allgather_numbers([len(derived)]).sum())
 
 
 def heldout_batches(run: Run, spec) -> list[dict]:

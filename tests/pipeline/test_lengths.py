@@ -14,6 +14,7 @@ from experiments import alfworld_sao
 from sao_jax.pipeline import cli
 from sao_jax.pipeline.lengths import (
     DEMOS,
+    DemoLengths,
     SequenceLengthError,
     check_sequence_lengths,
     measure_demonstrations,
@@ -146,3 +147,23 @@ def test_measured_lengths_predict_exactly_what_the_loader_drops(tmp_path):
     assert 0 < fits.sum() < fits.size
     assert loader.stats.snapshot()["dropped_too_long"] == int((~fits).sum())
     assert rows == int(lengths.num_rows[fits].sum())  # windowed: one row per turn
+
+
+def test_lengths_extended_by_more_episodes_are_those_of_all_of_them_in_order(tmp_path):
+    config = _config(tmp_path)
+    store = AtdpStore.open(str(tmp_path / "atdp"))
+    with store.writer(DEMOS) as writer:
+        collect_expert_demos(
+            writer, build_tokenizer(config), num_episodes=12, rollout=config.rollout, env=config.env
+        )
+    reader = store.reader(DEMOS, principal=DEMOS)
+    reader.refresh()
+    episodes = [reader.read(i) for i in reader.trajectory_ids()]
+    layout = config.rollout.layout
+    whole = DemoLengths.of(episodes, layout)
+    joined = DemoLengths.of(episodes[:5], layout).extended(DemoLengths.of(episodes[5:], layout))
+    for name in ("longest_row", "num_rows", "longest_prompt"):
+        assert getattr(joined, name).tolist() == getattr(whole, name).tolist(), name
+    empty = DemoLengths.of([], layout)
+    assert empty.extended(whole).num_rows.tolist() == whole.num_rows.tolist()
+    assert empty.extended(whole).num_rows.dtype.kind == "i"  # an empty part keeps counts ints
