@@ -235,23 +235,29 @@ def expert_reply_gap(run, learner, max_skill_tokens: int) -> dict:
     )  # fmt: skip
     records, _ = episode_records(played)
     skills = {s.trajectory_id: s for s in analyzer.analyze(records)}
+
+    def oracle(trajectory, tenant: str):
+        return relabel_with_expert(
+            trajectory, tokenizer, think=experiment.rollout.think,
+            max_new_tokens=experiment.rollout.max_new_tokens, tenant=tenant, expert="oracle",
+        )  # fmt: skip
+
     plain, skilled = [], []
     for trajectory in played:
         skill = skills.get(trajectory.trajectory_id)
-        relabelled = relabel_with_expert(
-            trajectory, tokenizer, think=experiment.rollout.think,
-            max_new_tokens=experiment.rollout.max_new_tokens, tenant="gap-expert",
-            expert="oracle",
-        )  # fmt: skip
+        relabelled = oracle(trajectory, "gap-expert")
         if skill is None or relabelled is None:
             continue
         block = skill_block_ids(tokenizer, skill.text)
         plain.append(relabelled)
-        skilled.append(with_skill_in_context(relabelled, block, max_skill_tokens=max_skill_tokens))
-    with run.store.writer("gap-expert") as writer:
-        writer.append(plain)
-    with run.store.writer("gap-expert-skill") as writer:
-        writer.append([_in_tenant(t, "gap-expert-skill") for t in skilled])
+        skilled.append(  # the same relabel, written to its own tenant with the block in front
+            with_skill_in_context(
+                oracle(trajectory, "gap-expert-skill"), block, max_skill_tokens=max_skill_tokens
+            )
+        )
+    for tenant, trajectories in (("gap-expert", plain), ("gap-expert-skill", skilled)):
+        with run.store.writer(tenant) as writer:
+            writer.append(trajectories)
     seq_len = experiment.rl.seq_len
     without = _reply_logprobs(run, learner, "gap-expert", seq_len)
     with_skill = _reply_logprobs(run, learner, "gap-expert-skill", seq_len + max_skill_tokens)
@@ -273,14 +279,6 @@ def expert_reply_gap(run, learner, max_skill_tokens: int) -> dict:
         if unlikely.any()
         else None,
     }
-
-
-def _in_tenant(trajectory, tenant: str):
-    """`trajectory` re-homed in `tenant` (a scratch copy for a second loader)."""
-    header = trajectory.header
-    governance = dataclasses.replace(header.governance, tenant=tenant)
-    header = dataclasses.replace(header, governance=governance, derived_from=())
-    return dataclasses.replace(trajectory, header=header)
 
 
 def _reply_logprobs(run, learner, tenant: str, seq_len: int) -> list[tuple[tuple, float]]:
