@@ -9,7 +9,12 @@ from sao_jax.models.hf_qwen3_moe import (
     load_hf_qwen3_moe,
     save_hf_qwen3_moe,
 )
-from sao_jax.models.logprobs import chunked_token_logprobs, token_logprobs_from_logits
+from sao_jax.models.logprobs import (
+    chunked_candidate_logprobs,
+    chunked_token_logprobs,
+    chunked_top_logprobs,
+    token_logprobs_from_logits,
+)
 from sao_jax.models.moe import MoeAux, MoeStats
 from sao_jax.models.moe_dispatch import expert_capacity, get_dispatch, register_dispatch
 from sao_jax.models.safetensors_io import CheckpointError
@@ -25,7 +30,9 @@ __all__ = [
     "MoeAuxConfig",
     "MoeStats",
     "Transformer",
+    "chunked_candidate_logprobs",
     "chunked_token_logprobs",
+    "chunked_top_logprobs",
     "config_from_hf",
     "config_to_hf",
     "expert_capacity",

@@ -73,6 +73,97 @@ def chunked_token_logprobs(
     return unchunk(logp), unchunk(entropy)
 
 
+def _chunks(hidden: jax.Array, chunk_size: int, *others: jax.Array):
+    """[B, T, ...] arrays -> [n, B, chunk, ...] blocks over T (zero-padded) and an unchunker."""
+    b, t = hidden.shape[:2]
+    chunk = min(chunk_size, t)
+    pad = (-t) % chunk
+    n = (t + pad) // chunk
+
+    def split(x):
+        x = jnp.pad(x, ((0, 0), (0, pad), *[(0, 0)] * (x.ndim - 2)))
+        return x.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+    def unchunk(x):
+        return x.swapaxes(0, 1).reshape(b, n * chunk, *x.shape[3:])[:, :t]
+
+    return (split(hidden), *(split(x) for x in others)), unchunk
+
+
+def _check_head(hidden: jax.Array, unembedding: jax.Array, chunk_size: int) -> None:
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden must be [B, T, D], got {hidden.shape}")
+    if unembedding.shape[0] != hidden.shape[-1]:
+        raise ValueError(f"unembedding must be [D={hidden.shape[-1]}, V], got {unembedding.shape}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+
+
+def chunked_top_logprobs(
+    hidden: jax.Array,
+    unembedding: jax.Array,
+    k: int,
+    *,
+    chunk_size: int = LOGPROB_CHUNK,
+) -> tuple[jax.Array, jax.Array]:
+    """The k most likely next tokens at each position and their log-probs (temperature 1).
+
+    Args:
+      hidden: [B, T, D] final hidden states; unembedding: [D, V]; k: 1 <= k <= V.
+      chunk_size: positions per chunk (peak logits memory B * chunk_size * V floats).
+    Returns:
+      (ids [B, T, k] int32, logp [B, T, k] float32), most likely first; no gradient (a
+      teacher's distribution, `sao_jax.losses.seed_distribution_loss`).
+    """
+    _check_head(hidden, unembedding, chunk_size)
+    vocab = unembedding.shape[-1]
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k must be in [1, V={vocab}], got {k}")
+    (h,), unchunk = _chunks(jax.lax.stop_gradient(hidden), chunk_size)
+    w = jax.lax.stop_gradient(unembedding).astype(hidden.dtype)
+
+    def one_chunk(h_c: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = jnp.einsum("bcd,dv->bcv", h_c, w, preferred_element_type=jnp.float32)
+        top, ids = jax.lax.top_k(logits, k)
+        return ids.astype(jnp.int32), top - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+
+    ids, logp = jax.lax.map(one_chunk, h)
+    return unchunk(ids), unchunk(logp)
+
+
+def chunked_candidate_logprobs(
+    hidden: jax.Array,
+    unembedding: jax.Array,
+    candidates: jax.Array,
+    *,
+    chunk_size: int = LOGPROB_CHUNK,
+) -> jax.Array:
+    """Log-probs of K candidate tokens at each position, normalised over the whole vocabulary.
+
+    Args:
+      hidden: [B, T, D] final hidden states; unembedding: [D, V].
+      candidates: [B, T, K] int token ids (e.g. a teacher's top-k, `chunked_top_logprobs`).
+      chunk_size: positions per chunk; each chunk's logits are rematerialised in the backward.
+    Returns:
+      logp [B, T, K] float32, differentiable w.r.t. hidden and unembedding.
+    """
+    _check_head(hidden, unembedding, chunk_size)
+    if candidates.ndim != 3 or candidates.shape[:2] != hidden.shape[:2]:
+        raise ValueError(
+            f"candidates must be [B, T, K] with [B, T] = {hidden.shape[:2]}, got {candidates.shape}"
+        )
+    (h, c), unchunk = _chunks(hidden, chunk_size, candidates)
+    w = unembedding.astype(hidden.dtype)
+
+    @jax.checkpoint
+    def one_chunk(h_c: jax.Array, c_c: jax.Array) -> jax.Array:
+        logits = jnp.einsum("bcd,dv->bcv", h_c, w, preferred_element_type=jnp.float32)
+        log_z = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        return jnp.take_along_axis(logits, c_c, axis=-1) - log_z
+
+    return unchunk(jax.lax.map(lambda args: one_chunk(*args), (h, c)))
+
+
 def token_logprobs_from_logits(
     logits: jax.Array, targets: jax.Array, temperature: float = 1.0
 ) -> tuple[jax.Array, jax.Array]:

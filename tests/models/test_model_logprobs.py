@@ -6,7 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax.models import chunked_token_logprobs, token_logprobs_from_logits
+from sao_jax.models import (
+    chunked_candidate_logprobs,
+    chunked_token_logprobs,
+    chunked_top_logprobs,
+    token_logprobs_from_logits,
+)
 
 
 def _inputs(b=2, t=37, d=16, v=50, seed=0):
@@ -74,3 +79,40 @@ def test_bad_shapes_raise():
         chunked_token_logprobs(hidden, unembed.T, targets)
     with pytest.raises(ValueError, match="positive"):
         chunked_token_logprobs(hidden, unembed, targets, chunk_size=0)
+
+
+@pytest.mark.parametrize("chunk_size", [5, 64])
+def test_top_logprobs_are_the_full_distributions_most_likely_tokens(chunk_size):
+    hidden, unembed, _ = _inputs(seed=4)
+    ids, logp = chunked_top_logprobs(hidden, unembed, 7, chunk_size=chunk_size)
+    full = np.asarray(jax.nn.log_softmax(hidden @ unembed, axis=-1))
+    assert ids.shape == logp.shape == (*hidden.shape[:2], 7) and ids.dtype == jnp.int32
+    want = np.sort(full, axis=-1)[..., ::-1][..., :7]
+    np.testing.assert_allclose(logp, want, atol=1e-5)
+    np.testing.assert_allclose(np.take_along_axis(full, np.asarray(ids), -1), logp, atol=1e-5)
+    assert np.all(np.diff(np.asarray(logp), axis=-1) <= 0)  # most likely first
+    with pytest.raises(ValueError, match=r"k must be in \[1, V=50\]"):
+        chunked_top_logprobs(hidden, unembed, 51)
+
+
+def test_candidate_logprobs_equal_the_full_softmax_at_those_ids_values_and_grads():
+    hidden, unembed, _ = _inputs(seed=5)
+    candidates = jax.random.randint(jax.random.key(6), (*hidden.shape[:2], 4), 0, 50)
+    weights = jax.random.normal(jax.random.key(7), candidates.shape)
+
+    def chunked(h, w):
+        return jnp.sum(weights * chunked_candidate_logprobs(h, w, candidates, chunk_size=6))
+
+    def naive(h, w):
+        full = jax.nn.log_softmax(h @ w, axis=-1)
+        return jnp.sum(weights * jnp.take_along_axis(full, candidates, -1))
+
+    np.testing.assert_allclose(chunked(hidden, unembed), naive(hidden, unembed), rtol=1e-5)
+    for got, want in zip(
+        jax.grad(chunked, argnums=(0, 1))(hidden, unembed),
+        jax.grad(naive, argnums=(0, 1))(hidden, unembed),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"candidates must be \[B, T, K\]"):
+        chunked_candidate_logprobs(hidden, unembed, candidates[..., 0])
