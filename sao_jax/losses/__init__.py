@@ -21,12 +21,20 @@ from sao_jax.losses.masked import masked_token_mean, masked_whiten
 from sao_jax.losses.ppo import ppo_clip_loss
 from sao_jax.losses.registry import POLICY_LOSS_NAMES, PolicyLoss, get_policy_loss
 from sao_jax.losses.sao import sao_policy_loss, sao_value_loss
-from sao_jax.losses.seed import OPD_MODES, SKILL_KINDS, seed_gap_by_kind, seed_opd_loss
+from sao_jax.losses.seed import (
+    OPD_MODES,
+    SAMPLED_OPD_MODES,
+    SKILL_KINDS,
+    seed_distribution_loss,
+    seed_gap_by_kind,
+    seed_opd_loss,
+)
 
 __all__ = [
     "KL_KINDS",
     "OPD_MODES",
     "POLICY_LOSS_NAMES",
+    "SAMPLED_OPD_MODES",
     "SKILL_KINDS",
     "PolicyLoss",
     "action_only_gae",
@@ -40,6 +48,7 @@ __all__ = [
     "ppo_clip_loss",
     "sao_policy_loss",
     "sao_value_loss",
+    "seed_distribution_loss",
     "seed_gap_by_kind",
     "seed_opd_loss",
     "token_logprobs",

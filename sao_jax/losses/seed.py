@@ -2,7 +2,10 @@
 
 The teacher is the same policy re-scoring the same sampled tokens with a hindsight skill in its
 context (`skill_logp`, arXiv 2607.14777; details secondary). The gated form only ever raises a
-sampled token's probability; the signed form (OPID, same group) can also lower it.
+sampled token's probability; the signed form (OPID, same group) can also lower it. Both read
+the teacher at the sampled tokens only; `seed_distribution_loss` reads its whole next-token
+distribution (its top k and the rest), so what the teacher knows about tokens the policy did not
+sample reaches the student too.
 """
 
 import jax
@@ -18,7 +21,10 @@ from sao_jax.losses.masked import (
     zero_outside,
 )
 
-OPD_MODES = ("gated", "signed")
+# gated / signed: a weight on each sampled token's log-prob (`seed_opd_loss`); kl: the forward
+# KL from the teacher's next-token distribution at every action token (`seed_distribution_loss`)
+OPD_MODES = ("gated", "signed", "kl")
+SAMPLED_OPD_MODES = OPD_MODES[:2]
 OPD_BETA = 5.0  # the gate's sharpness (default of `seed_opd_loss` and the learner's `OpdConfig`)
 # What a skill's sentences state (`sao_jax.seed.kinds`): a fact the episode revealed (ALFWorld:
 # where an object was), a rule about a command that failed, the procedure that solves the task;
@@ -61,8 +67,11 @@ def seed_opd_loss(
       1/2, the signed weight positive); and `gate_mean` (gated) or `clip_frac` (signed: share of
       tokens with |delta| > clip).
     """
-    if mode not in OPD_MODES:
-        raise ValueError(f"seed_opd_loss: mode must be one of {OPD_MODES}, got {mode!r}")
+    if mode not in SAMPLED_OPD_MODES:
+        raise ValueError(
+            f"seed_opd_loss: mode must be one of {SAMPLED_OPD_MODES}, got {mode!r} (the KL over "
+            "the teacher's distribution is seed_distribution_loss)"
+        )
     if mode == "gated" and clip is not None:
         raise ValueError("seed_opd_loss: clip applies only to mode='signed'; the gate is bounded")
     check_token_arrays("seed_opd_loss", logp=logp, skill_logp=skill_logp, mask=mask)
@@ -88,6 +97,74 @@ def seed_opd_loss(
         per_token = -signed_weight * logp
         metrics["clip_frac"] = masked_sum(1.0, weights, active & clipped) / num_tokens
     loss = masked_sum(per_token, weights, active) / num_tokens
+    return loss, stop_gradient_metrics(metrics)
+
+
+def seed_distribution_loss(
+    student_logp: jax.Array,
+    teacher_logp: jax.Array,
+    mask: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Forward KL(teacher || student) over the teacher's top k next tokens and the rest.
+
+    At each action token the teacher's next-token distribution (the policy with the skill in
+    context) is kept as its k most likely tokens plus one bucket for the rest of the vocabulary;
+    the student's log-probs of the same k tokens give its distribution over the same k + 1
+    buckets, and the loss is their KL, token-mean over the action tokens:
+
+      sum_i p_i (log p_i - log q_i) + p_rest (log p_rest - log q_rest),
+      p_rest = 1 - sum_i p_i, q_rest = 1 - sum_i q_i.
+
+    It is >= 0 and 0 exactly when the student gives each of the k tokens the teacher's
+    probability (with k = V it is the whole forward KL). Unlike the sampled-token forms it
+    moves probability towards tokens the student did not sample -- where a teacher that reads
+    the skill knows the right command and the student does not, this is what carries it.
+
+    Args:
+      student_logp: [B, T, K] the policy's log-probs of the teacher's K tokens (differentiated;
+        normalised over the whole vocabulary, `sao_jax.models.chunked_candidate_logprobs`).
+      teacher_logp: [B, T, K] the teacher's log-probs of its K most likely tokens (never
+        differentiated), distinct tokens.
+      mask: [B, T] 1 on action tokens.
+    Returns:
+      (loss, metrics): float32 scalars over the action tokens: `kl` (the loss), `teacher_mass`
+      / `student_mass` (the share of each distribution on the K tokens), `teacher_top1_logp` /
+      `student_top1_logp` (the log-prob of the teacher's most likely token under each: its
+      first column).
+    """
+    student_logp, teacher_logp = jnp.asarray(student_logp), jnp.asarray(teacher_logp)
+    if student_logp.ndim != 3 or student_logp.shape != teacher_logp.shape:
+        raise ValueError(
+            "seed_distribution_loss: student_logp and teacher_logp must both be [B, T, K]; got "
+            f"{student_logp.shape} and {teacher_logp.shape}"
+        )
+    check_token_arrays("seed_distribution_loss", mask=mask, top1=student_logp[..., 0])
+    weights, active = float_mask(mask)
+    cell = active[..., None]
+    student = jnp.where(cell, student_logp.astype(jnp.float32), -1.0)
+    teacher = jax.lax.stop_gradient(jnp.where(cell, teacher_logp.astype(jnp.float32), -1.0))
+    # the rest bucket: 1 - sum exp(log-probs), from the log of the kept mass (at most 1)
+    teacher_kept = jnp.minimum(jax.nn.logsumexp(teacher, axis=-1), 0.0)
+    student_kept = jnp.minimum(jax.nn.logsumexp(student, axis=-1), -1e-6)
+    teacher_rest = -jnp.expm1(teacher_kept)
+    student_log_rest = jnp.log(-jnp.expm1(student_kept))
+    probs = jnp.exp(teacher)
+    per_token = jnp.sum(probs * (teacher - student), axis=-1) + (
+        jax.scipy.special.xlogy(teacher_rest, teacher_rest) - teacher_rest * student_log_rest
+    )
+    num_tokens = token_count(weights)
+    loss = masked_sum(per_token, weights, active) / num_tokens
+
+    def mean(x):
+        return masked_sum(x, weights, active) / num_tokens
+
+    metrics = {
+        "kl": loss,
+        "teacher_mass": mean(jnp.exp(teacher_kept)),
+        "student_mass": mean(jnp.exp(student_kept)),
+        "teacher_top1_logp": mean(teacher[..., 0]),
+        "student_top1_logp": mean(student[..., 0]),
+    }
     return loss, stop_gradient_metrics(metrics)
 
 
