@@ -41,9 +41,13 @@ PLOT_KEYS = (
 TAIL_KEYS = ("policy/clip_frac", "critic/explained_variance", "policy/entropy", "policy/grad_norm")
 # SEED algorithms' extra columns (table name -> summary key): the teacher-student gap (mean,
 # median; per skill kind), the gate rate, the OPD term's share of the policy gradient (the
-# exact one with learner.opd.grad_share, else the token-space estimate)
+# exact one with learner.opd.grad_share, else the token-space estimate); mode "kl": the KL
+# from the teacher's top k and the log-prob of the teacher's favourite token under each
 SEED_COLUMNS = {
     "opd_gap": "seed_opd_delta_mean",
+    "opd_kl": "seed_opd_kl",
+    "teacher_top1_logp": "seed_opd_teacher_top1_logp",
+    "student_top1_logp": "seed_opd_student_top1_logp",
     "opd_gap_p50": "seed_opd_delta_p50",
     "gate_rate": "seed_opd_gate_rate",
     "opd_grad_share": "seed_opd_grad_share",

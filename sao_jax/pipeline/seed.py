@@ -284,6 +284,10 @@ SEED_SUMMARY_KEYS = {
     "seed_opd_token_grad_cos": "policy/opd_token_grad_cos",
     "seed_opd_grad_share": "policy/opd_grad_share",
     "seed_opd_loss": "policy/opd_loss",
+    # mode "kl": the KL from the teacher's top k, and its favourite token under each model
+    "seed_opd_kl": "policy/opd_kl",
+    "seed_opd_teacher_top1_logp": "policy/opd_teacher_top1_logp",
+    "seed_opd_student_top1_logp": "policy/opd_student_top1_logp",
     **{f"seed_opd_gap_{kind}": f"policy/opd_gap_{kind}" for kind in SKILL_KINDS},
     **{f"seed_skills_{kind}": f"seed/skills_{kind}" for kind in SKILL_KINDS},
 }

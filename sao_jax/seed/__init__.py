@@ -18,7 +18,7 @@ from sao_jax.seed.config import ANALYZERS, SeedConfig, hindsight_rules, make_ana
 from sao_jax.seed.kinds import PART_KINDS, SkillPart, classify, kind_bits
 from sao_jax.seed.opd import SeedLearner
 from sao_jax.seed.records import EpisodeRecord, from_batch, from_trajectory, with_task_specs
-from sao_jax.seed.rescore import skill_injected_batch, skill_logprobs
+from sao_jax.seed.rescore import skill_injected_batch, skill_logprobs, skill_top_logprobs
 from sao_jax.seed.self_analyzer import SelfPolicyAnalyzer
 from sao_jax.seed.sft import episode_records, label_and_store
 from sao_jax.seed.templates import (
@@ -60,6 +60,7 @@ __all__ = [
     "skill_block_text",
     "skill_injected_batch",
     "skill_logprobs",
+    "skill_top_logprobs",
     "skill_trajectory",
     "with_skill_memory",
     "with_task_specs",

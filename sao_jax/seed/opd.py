@@ -3,8 +3,10 @@
 `SeedLearner` is a `Learner` whose iterations first (1) decode each trajectory of the batch,
 (2) let the analyzer (normally the current policy, refreshed to the learner's latest weights)
 write one skill per trajectory, (3) re-score the same action tokens with that skill's block in
-context (`skill_logp`, one jitted forward) and then (4) run the algorithm's update with
-`LearnerConfig.opd.weight * seed_opd_loss(logp, skill_logp, mask)` added (`sao_seed` / `grpo_seed`).
+context (`skill_logp`, one jitted forward; with `OpdConfig.mode` "kl" the same forward also keeps
+the teacher's top k tokens at each action token, `skill_top_ids` / `skill_top_logp`) and then
+(4) run the algorithm's update with `LearnerConfig.opd.weight` times the distillation term added
+(`sao_seed` / `grpo_seed`; `sao_jax.train.objectives.opd_loss`).
 Inference never sees a skill. Cost metrics: `seed/analysis_seconds`, `seed/rescore_seconds`.
 Each row also carries its skill's kinds (`skill_kinds` [R], `sao_jax.seed.kinds`), so the step
 reports the teacher-student gap per kind (`policy/opd_gap_<kind>`); `seed/skills_<kind>` is
@@ -19,13 +21,13 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
-from sao_jax.losses.seed import SKILL_KINDS
+from sao_jax.losses.seed import SAMPLED_OPD_MODES, SKILL_KINDS
 from sao_jax.models import Transformer
 from sao_jax.seed.analyzers import Analyzer, Skill
 from sao_jax.seed.config import hindsight_rules
 from sao_jax.seed.kinds import kind_bits
 from sao_jax.seed.records import EpisodeRecord, from_batch, with_task_specs
-from sao_jax.seed.rescore import skill_logprobs
+from sao_jax.seed.rescore import skill_logprobs, skill_top_logprobs
 from sao_jax.seed.templates import skill_block_ids
 from sao_jax.tokenizers import Tokenizer
 from sao_jax.train import Learner, LearnerConfig
@@ -102,6 +104,12 @@ class SeedLearner(Learner):
         )
         return process_rows(logp)
 
+    def local_top_logprobs(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`policy_top_logprobs` of this process's rows (one global program with several
+        processes; each reads back its own rows)."""
+        out = self.policy_top_logprobs(batch)
+        return {k: process_rows(v) for k, v in out.items()}
+
     def iteration(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Skills -> skill_logp -> the algorithm's update with the OPD term (see module doc)."""
         if self.in_warmup:  # the policy does not move: no skills needed
@@ -120,15 +128,21 @@ class SeedLearner(Learner):
         blocks = {
             k: skill_block_ids(self.tokenizer, s.text) for k, s in zip(slots, skills, strict=True)
         }
-        skill_logp, stats = skill_logprobs(
-            self.local_logprobs, batch, blocks, self.max_skill_tokens
-        )
+        if self.config.opd.mode in SAMPLED_OPD_MODES:
+            skill_logp, stats = skill_logprobs(
+                self.local_logprobs, batch, blocks, self.max_skill_tokens
+            )
+            teacher = {"skill_logp": skill_logp}
+        else:  # the teacher's whole next-token distribution (its top k) too
+            teacher, stats = skill_top_logprobs(
+                self.local_top_logprobs, batch, blocks, self.max_skill_tokens
+            )
         rescored = time.perf_counter()
         kinds = [s.kinds(self.kind_patterns) for s in skills]
         bits = {k: kind_bits(found) for k, found in zip(slots, kinds, strict=True)}
         traj = np.asarray(batch["traj_index"])
         row_kinds = np.asarray([bits.get(int(k), 0) for k in traj], np.int32)
-        metrics = super().iteration({**batch, "skill_logp": skill_logp, "skill_kinds": row_kinds})
+        metrics = super().iteration({**batch, **teacher, "skill_kinds": row_kinds})
         self.last_skills = skills
         if self.on_skills is not None:
             self.on_skills([records[k] for k in slots], skills)

@@ -104,3 +104,30 @@ def skill_logprobs(
     logp = np.asarray(logprobs_fn(injected))[:, max_skill_tokens:]
     mask = np.asarray(batch["loss_mask"]) > 0
     return np.where(mask, logp, 0.0).astype(np.float32), stats
+
+
+def skill_top_logprobs(
+    top_logprobs_fn: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    batch: Mapping[str, np.ndarray],
+    block_ids: Mapping[int, list[int]],
+    max_skill_tokens: int,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The teacher's view of each action token with the skill in context, in one forward.
+
+    `top_logprobs_fn` maps a batch to `logp` [R, T'] and `top_ids` / `top_logp` [R, T', k]
+    (`Learner.policy_top_logprobs`). Returns `skill_logp` [R, T] (as `skill_logprobs`),
+    `skill_top_ids` / `skill_top_logp` [R, T, k] (the k most likely tokens of the distribution
+    predicting each action token, and their log-probs), all aligned with the batch and 0 off
+    its action tokens, plus the injection's stats.
+    """
+    injected, stats = skill_injected_batch(batch, block_ids, max_skill_tokens)
+    out = top_logprobs_fn(injected)
+    mask = np.asarray(batch["loss_mask"]) > 0
+    logp, ids, top = (
+        np.asarray(out[k])[:, max_skill_tokens:] for k in ("logp", "top_ids", "top_logp")
+    )
+    return {
+        "skill_logp": np.where(mask, logp, 0.0).astype(np.float32),
+        "skill_top_ids": np.where(mask[..., None], ids, 0).astype(np.int32),
+        "skill_top_logp": np.where(mask[..., None], top, 0.0).astype(np.float32),
+    }, stats

@@ -202,8 +202,13 @@ class OpdConfig:
     Attributes:
       weight: the term's weight in the policy loss (lambda in SEED).
       beta: gate sharpness of the gated form.
-      mode: "gated" (never lowers a sampled token's probability) or "signed" (OPID).
+      mode: on the sampled tokens, "gated" (never lowers a sampled token's probability) or
+        "signed" (OPID); or "kl": the forward KL from the teacher's whole next-token
+        distribution (its `top_k` most likely tokens and the rest) at every action token
+        (`sao_jax.losses.seed_distribution_loss`): it also moves probability towards tokens the
+        policy did not sample. The re-scoring forward then also keeps the teacher's top k.
       clip: bound on |skill_logp - logp| of the signed form (None: unbounded).
+      top_k: the teacher's tokens kept per action token in mode "kl" (the rest is one bucket).
       grad_share: diagnostics: also measure the term's share of the policy gradient in
         parameter space (`policy/opd_grad_share`: |grad of weight * L_opd| / |grad of the
         whole policy loss|), at the cost of one more forward and backward pass per policy
@@ -214,6 +219,7 @@ class OpdConfig:
     beta: float = OPD_BETA
     mode: str = OPD_MODES[0]
     clip: float | None = None
+    top_k: int = 16
     grad_share: bool = False
 
     def __post_init__(self):
@@ -225,6 +231,8 @@ class OpdConfig:
             raise ValueError(f"OpdConfig.mode must be one of {OPD_MODES}, got {self.mode!r}")
         if self.clip is not None and (self.mode != "signed" or self.clip <= 0):
             raise ValueError("OpdConfig.clip must be > 0 and needs mode='signed'")
+        if self.top_k < 1:
+            raise ValueError(f"OpdConfig.top_k must be >= 1, got {self.top_k}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from atdp_io.trained_on import TrainedOn
+from sao_jax.losses import SAMPLED_OPD_MODES
 from sao_jax.models import Critic, Transformer
 from sao_jax.sharding import LogicalRules
 from sao_jax.train import advantages as adv_lib
@@ -185,6 +186,17 @@ class Learner:
             raise ValueError(
                 f"Learner: algorithm {self.algorithm.name!r} needs batch['skill_logp'] [R, T], "
                 "the action tokens re-scored with a skill in context (sao_jax.seed.SeedLearner)"
+            )
+        if (
+            self.algorithm.opd
+            and not self.in_warmup
+            and self.config.opd.mode not in SAMPLED_OPD_MODES
+            and "skill_top_ids" not in batch
+        ):
+            raise ValueError(
+                f"Learner: OpdConfig.mode {self.config.opd.mode!r} needs batch['skill_top_ids'] / "
+                "['skill_top_logp'] [R, T, K], the teacher's top k at each action token "
+                "(sao_jax.seed.SeedLearner adds them)"
             )
         host = self._host_batch(batch, compact=self.config.pack_rows)
         capacity = self._action_capacity(host)
@@ -397,6 +409,17 @@ class Learner:
         )
         return np.asarray(jax.device_get(logp))
 
+    def policy_top_logprobs(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """One forward of the current policy over `batch`: the action tokens' `logp` [R, T] and
+        the `config.opd.top_k` most likely tokens there, `top_ids` / `top_logp` [R, T, k]
+        (`objectives.action_top_logprobs`; 0 off the action tokens). Device arrays: with
+        several processes each reads its own rows (`sao_jax.seed.opd.process_rows`)."""
+        host = self._host_batch(batch)
+        device_batch = self.placement.put_batch(host)
+        return self._functions(device_batch, self._action_capacity(host))["action_top_logprobs"](
+            self.policy_params, self._policy_frozen, device_batch
+        )
+
     def _device_batch(
         self, batch: Mapping[str, np.ndarray], *, compact: bool = False
     ) -> dict[str, jax.Array]:
@@ -422,6 +445,9 @@ class Learner:
             host["skill_logp"] = np.asarray(batch["skill_logp"], np.float32)
             if "skill_kinds" in batch:  # [R] bitmask of the skill's kinds: per-kind gap metrics
                 host["skill_kinds"] = np.asarray(batch["skill_kinds"], np.int32)
+            if "skill_top_ids" in batch:  # the teacher's top k (OpdConfig.mode "kl")
+                host["skill_top_ids"] = np.asarray(batch["skill_top_ids"], np.int32)
+                host["skill_top_logp"] = np.asarray(batch["skill_top_logp"], np.float32)
         if self.algorithm.advantage == "group":
             host["group_id"] = adv_lib.prompt_group_ids(host)
         if compact:

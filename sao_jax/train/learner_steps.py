@@ -9,6 +9,9 @@
 - `action_logprobs(params, frozen, batch)` -> [R, T] at the action tokens (the heads where the
   steps run them, 0 elsewhere with an action capacity): the reference policy's log-probs of a
   KL term (`LearnerConfig.kl`), which the learner adds to the batch as `ref_logp`;
+- `action_top_logprobs(params, frozen, batch)` -> `logp` [R, T], `top_ids` / `top_logp`
+  [R, T, k] at the action tokens (`objectives.action_top_logprobs`, k = `config.opd.top_k`):
+  the skill-conditioned teacher of SEED's mode "kl";
 - `value_moments(critic_params, critic_frozen, batch)` -> least-squares statistics of the value
   head on the batch's Monte-Carlo returns (`objectives.value_head_moments`);
 - `iteration(policy_params, policy_frozen, policy_opt, [critic_params, critic_frozen,
@@ -278,11 +281,33 @@ def _build(spec: StepSpec) -> dict[str, Any]:
         )
         return logp
 
+    def action_top_logprobs(params, frozen, batch):
+        policy = nnx.merge(policy_graphdef, params, frozen)
+        return objectives.action_top_logprobs(
+            policy,
+            batch,
+            config.opd.top_k,
+            chunk_size=config.logprob_chunk_size,
+            action_capacity=capacity,
+        )
+
     fns: dict[str, Any] = {}
     policy_in = (sh.policy_params, sh.policy_frozen)
     critic_in = (sh.critic_params, sh.critic_frozen) if algorithm.uses_critic else ()
     fns["logprobs"] = place.jit(logprobs, (*policy_in, batch_sh), token_sh)
     fns["action_logprobs"] = place.jit(action_logprobs, (*policy_in, batch_sh), token_sh)
+    fns["action_top_logprobs"] = place.jit(
+        action_top_logprobs,
+        (*policy_in, batch_sh),
+        None
+        if place.mesh is None
+        else {
+            "logp": token_sh,
+            **dict.fromkeys(
+                ("top_ids", "top_logp"), place.rows((*shapes["tokens"], config.opd.top_k))
+            ),
+        },
+    )
     prepared_sh = None
     if place.mesh is not None:
         prepared_sh = {"behaviour_logp": token_sh, "advantages": token_sh, "stats": rep}

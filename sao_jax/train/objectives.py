@@ -30,15 +30,23 @@ import numpy as np
 from flax import struct
 
 from sao_jax.losses import (
+    SAMPLED_OPD_MODES,
     kl_estimate,
     masked_token_mean,
     sao_value_loss,
+    seed_distribution_loss,
     seed_gap_by_kind,
     seed_opd_loss,
 )
+from sao_jax.losses.masked import float_mask, stop_gradient_metrics, zero_outside
+from sao_jax.losses.seed import gap_metrics
 from sao_jax.models import Backbone, Critic, MoeAux, MoeAuxConfig, Transformer
 from sao_jax.models.decoding import chunked_transformed_logprobs
-from sao_jax.models.logprobs import LOGPROB_CHUNK
+from sao_jax.models.logprobs import (
+    LOGPROB_CHUNK,
+    chunked_candidate_logprobs,
+    chunked_top_logprobs,
+)
 from sao_jax.train.config import KlConfig, OpdConfig
 from sao_jax.train.packing import gather_hidden, packed_inputs, unpack
 from sao_jax.train.steps import MASK_KEYS, SAMPLING_KEYS
@@ -209,22 +217,94 @@ def policy_logprobs(
     every position.
     """
     out = backbone(policy, batch)
+    logp, entropy = head_logprobs(policy, batch, out.hidden, chunk_size, action_capacity)
+    return logp, entropy, out.aux
+
+
+def head_logprobs(
+    policy: Transformer,
+    batch: Batch,
+    hidden: jax.Array,
+    chunk_size: int,
+    action_capacity: int | ActionCapacity | None,
+) -> tuple[jax.Array, jax.Array]:
+    """`policy_logprobs`' (logp, entropy) [R, T] from the backbone's hidden states."""
     length = batch["tokens"].shape[1]
     if action_capacity is None:
         targets = jnp.roll(packed_inputs(batch)[0], -1, axis=1)
-        logp, entropy = policy.token_logprobs(out.hidden, targets, chunk_size=chunk_size)
+        logp, entropy = policy.token_logprobs(hidden, targets, chunk_size=chunk_size)
         logp, entropy = unpack(batch, _shift_right(logp)), unpack(batch, _shift_right(entropy))
         at = action_positions(action_mask(batch), length) if SAMPLING_KEYS[0] in batch else None
     else:
         at = action_positions(action_mask(batch), action_capacity)
         # the hidden state before each action token predicts it
-        hidden = gather_hidden(batch, out.hidden, at.row, at.predictors)
+        gathered = gather_hidden(batch, hidden, at.row, at.predictors)
         targets = at.take(batch["tokens"])
-        logp, entropy = policy.token_logprobs(hidden, targets, chunk_size=chunk_size)
+        logp, entropy = policy.token_logprobs(gathered, targets, chunk_size=chunk_size)
         logp, entropy = at.to_rows(logp, length), at.to_rows(entropy, length)
     if SAMPLING_KEYS[0] in batch:
-        logp = _sampled_logprobs(policy, batch, out.hidden, at, logp, chunk_size)
-    return logp, entropy, out.aux
+        logp = _sampled_logprobs(policy, batch, hidden, at, logp, chunk_size)
+    return logp, entropy
+
+
+def _at_actions(batch: Batch, action_capacity: int | ActionCapacity | None) -> ActionPositions:
+    """The batch's action tokens (capacity None: every column of a row)."""
+    capacity = batch["tokens"].shape[1] if action_capacity is None else action_capacity
+    return action_positions(action_mask(batch), capacity)
+
+
+def _per_candidate_rows(at: ActionPositions, x: jax.Array, length: int) -> jax.Array:
+    """[G, N, K] results at the action tokens -> [R, length, K] (0 elsewhere)."""
+    return jax.vmap(lambda column: at.to_rows(column, length), in_axes=-1, out_axes=-1)(x)
+
+
+def action_top_logprobs(
+    policy: Transformer,
+    batch: Batch,
+    k: int,
+    *,
+    chunk_size: int = LOGPROB_CHUNK,
+    action_capacity: int | ActionCapacity | None = None,
+) -> dict[str, jax.Array]:
+    """One forward: the action tokens' log-probs and the policy's k most likely tokens there.
+
+    Returns `logp` [R, T] (as `policy_logprobs`: under the batch's decoding transforms),
+    `top_ids` [R, T, k] int32 and `top_logp` [R, T, k] (the plain temperature-1 distribution
+    that predicts each action token, most likely first); 0 off the action tokens. No gradient:
+    a teacher's view (SEED's `OpdConfig.mode` "kl").
+    """
+    out = backbone(policy, batch)
+    logp, _ = head_logprobs(policy, batch, out.hidden, chunk_size, action_capacity)
+    at = _at_actions(batch, action_capacity)
+    hidden = gather_hidden(batch, out.hidden, at.row, at.predictors)
+    ids, top = chunked_top_logprobs(hidden, policy.unembedding(), k, chunk_size=chunk_size)
+    length = batch["tokens"].shape[1]
+    return jax.lax.stop_gradient(
+        {
+            "logp": logp,
+            "top_ids": _per_candidate_rows(at, ids, length).astype(jnp.int32),
+            "top_logp": _per_candidate_rows(at, top, length),
+        }
+    )
+
+
+def candidate_logprobs(
+    policy: Transformer,
+    batch: Batch,
+    hidden: jax.Array,
+    candidates: jax.Array,
+    *,
+    chunk_size: int,
+    action_capacity: int | ActionCapacity | None,
+) -> jax.Array:
+    """[R, T, K] the policy's log-probs of `candidates` [R, T, K] token ids at the action
+    tokens (the distribution that predicts each), from the backbone's `hidden`; 0 elsewhere."""
+    at = _at_actions(batch, action_capacity)
+    gathered = gather_hidden(batch, hidden, at.row, at.predictors)
+    logp = chunked_candidate_logprobs(
+        gathered, policy.unembedding(), at.take(candidates), chunk_size=chunk_size
+    )
+    return _per_candidate_rows(at, logp, batch["tokens"].shape[1])
 
 
 def sampled_tokens(batch: Batch) -> jax.Array:
@@ -330,8 +410,9 @@ def policy_gradient_loss(
       advantages, behaviour_logp: [R, T] (behaviour: rollout log-probs or the old policy's).
       policy_loss: a `sao_jax.losses.get_policy_loss(...)` function.
       moe_aux: weights of the policy's MoE auxiliary losses.
-      opd: SEED: adds `opd.weight * seed_opd_loss(logp, batch["skill_logp"], mask, beta=,
-        mode=, clip=)` with the config's values (None: no such term).
+      opd: SEED: adds `opd.weight * opd_loss(...)`: `seed_opd_loss` on the sampled tokens
+        (modes gated / signed) or `seed_distribution_loss` over the teacher's top k (mode kl)
+        with the config's values (None: no such term).
       kl: with `kl.active`, reads `batch["ref_logp"]` [R, T] (the reference policy's log-probs
         of the same tokens, `Learner` adds them) and adds `kl.coef * kl_estimate(logp,
         ref_logp, mask, kl.kind)`; None: no such term.
@@ -340,13 +421,14 @@ def policy_gradient_loss(
     Returns:
       (loss, metrics) with the objective's metrics plus `entropy`, `load_balance_loss`,
       `router_z_loss`, `expert_dropped_fraction`, `policy_objective` (before aux terms), and
-      with `opd`: `opd_loss`, `seed_opd_loss`'s metrics as `opd_*` and `opd_diagnostics`';
+      with `opd`: `opd_loss`, the term's metrics (`opd_loss`'s) as `opd_*` and
+      `opd_diagnostics`';
       with `kl`: `kl_k1`, `kl_k2`, `kl_k3` and `kl_loss` (the weighted term).
     """
     mask = action_mask(batch)
-    logp, entropy, aux = policy_logprobs(
-        policy, batch, chunk_size=chunk_size, action_capacity=action_capacity
-    )
+    out = backbone(policy, batch)
+    aux = out.aux
+    logp, entropy = head_logprobs(policy, batch, out.hidden, chunk_size, action_capacity)
 
     def objective_fn(x):
         return policy_loss(x, behaviour_logp, advantages, mask)
@@ -360,8 +442,14 @@ def policy_gradient_loss(
         greedy = (batch[SAMPLING_KEYS[0]] <= 0).astype(jnp.float32)
         metrics["greedy_token_frac"] = masked_token_mean(greedy, mask)
     if opd is not None:
-        opd_value, opd_metrics = seed_opd_loss(
-            logp, batch["skill_logp"], mask, beta=opd.beta, mode=opd.mode, clip=opd.clip
+        opd_value, opd_metrics = opd_loss(
+            policy,
+            batch,
+            out.hidden,
+            logp,
+            opd,
+            chunk_size=chunk_size,
+            action_capacity=action_capacity,
         )
         loss = loss + opd.weight * opd_value
         metrics["opd_loss"] = opd_value
@@ -387,6 +475,49 @@ def policy_gradient_loss(
     return loss, metrics
 
 
+def opd_loss(
+    policy: Transformer,
+    batch: Batch,
+    hidden: jax.Array,
+    logp: jax.Array,
+    opd: OpdConfig,
+    *,
+    chunk_size: int,
+    action_capacity: int | ActionCapacity | None,
+) -> tuple[jax.Array, Metrics]:
+    """SEED's distillation term (unweighted) and its metrics.
+
+    Sampled-token modes: `seed_opd_loss(logp, batch["skill_logp"], mask, ...)`. Mode "kl":
+    `seed_distribution_loss` of the policy's log-probs of the teacher's top k
+    (`batch["skill_top_ids"]`, from `hidden`) against the teacher's (`batch["skill_top_logp"]`),
+    plus the sampled tokens' gap metrics (`gap_metrics` of skill_logp - logp).
+    """
+    mask = action_mask(batch)
+    if opd.mode in SAMPLED_OPD_MODES:
+        return seed_opd_loss(
+            logp, batch["skill_logp"], mask, beta=opd.beta, mode=opd.mode, clip=opd.clip
+        )
+    missing = [k for k in ("skill_top_ids", "skill_top_logp") if k not in batch]
+    if missing:
+        raise ValueError(
+            f"opd_loss: OpdConfig.mode 'kl' needs batch {missing} [R, T, K], the teacher's top k "
+            "at each action token (sao_jax.seed.SeedLearner adds them)"
+        )
+    student = candidate_logprobs(
+        policy,
+        batch,
+        hidden,
+        batch["skill_top_ids"],
+        chunk_size=chunk_size,
+        action_capacity=action_capacity,
+    )
+    value, metrics = seed_distribution_loss(student, batch["skill_top_logp"], mask)
+    weights, active = float_mask(mask)
+    delta = zero_outside(batch["skill_logp"], active) - zero_outside(logp, active)
+    metrics.update(gap_metrics(jax.lax.stop_gradient(delta), weights, active))
+    return value, stop_gradient_metrics(metrics)
+
+
 def opd_diagnostics(
     logp: jax.Array,
     batch: Batch,
@@ -410,6 +541,8 @@ def opd_diagnostics(
     if "skill_kinds" in batch:
         kinds = seed_gap_by_kind(logp, batch["skill_logp"], mask, batch["skill_kinds"])
         metrics.update({f"opd_{k}": v for k, v in kinds.items()})
+    if opd.mode not in SAMPLED_OPD_MODES:  # the KL's gradient is not on the sampled log-probs
+        return metrics
     point = jax.lax.stop_gradient(logp)
 
     def opd_term(x):
@@ -436,20 +569,25 @@ def opd_gradient_norm(
     opd: OpdConfig,
     *,
     chunk_size: int,
-    action_capacity: int | None = None,
+    action_capacity: int | ActionCapacity | None = None,
 ) -> jax.Array:
-    """|grad_params (opd.weight * seed_opd_loss)|: the OPD term's own parameter gradient norm
+    """|grad_params (opd.weight * opd_loss)|: the OPD term's own parameter gradient norm
     (one more forward and backward pass of the policy; `OpdConfig.grad_share`). Divided by the
     update's `grad_norm` it is the term's share of the policy gradient."""
 
     def term(p):
-        logp, _, _ = policy_logprobs(
-            policy_fn(p), batch, chunk_size=chunk_size, action_capacity=action_capacity
+        policy = policy_fn(p)
+        out = backbone(policy, batch)
+        logp, _ = head_logprobs(policy, batch, out.hidden, chunk_size, action_capacity)
+        value, _ = opd_loss(
+            policy,
+            batch,
+            out.hidden,
+            logp,
+            opd,
+            chunk_size=chunk_size,
+            action_capacity=action_capacity,
         )
-        value, _ = seed_opd_loss(
-            logp, batch["skill_logp"], action_mask(batch), beta=opd.beta, mode=opd.mode,
-            clip=opd.clip,
-        )  # fmt: skip
         return opd.weight * value
 
     grads = jax.grad(term)(params)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from atdp_io import AtdpStore
-from experiments import alfworld_seed
+from experiments import alfworld_seed, compare_algos
 from sao_jax.distributed.local_launch import launch_local
 from sao_jax.losses import SKILL_KINDS
 from sao_jax.metrics import read_metrics
@@ -74,6 +74,23 @@ def test_a_seed_run_does_stage_one_and_opd_and_writes_the_summary(tmp_path):
         assert calls and all(c.input_ids[: len(block)].tolist() == block for c in calls)
     stage2 = load_skills(store, tenant="skills")
     assert stage2 and {s.skill.analyzer for s in stage2} == {"self_policy"}
+
+
+@pytest.mark.slow
+def test_a_seed_run_distils_the_teachers_distribution_with_mode_kl(tmp_path):
+    """`learner.opd.mode=kl`: the re-scoring keeps the teacher's top k and the step adds the KL
+    from it; the summary and the comparison columns carry its figures."""
+    argv = [*MICRO, "learner.opd.mode=kl", "learner.opd.top_k=8", "--out", str(tmp_path)]
+    alfworld_seed.main(argv)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["policy_steps"] == 1 and saved["seed_opd_kl"] > 0
+    assert saved["seed_opd_loss"] == pytest.approx(saved["seed_opd_kl"])
+    assert saved["seed_opd_teacher_top1_logp"] <= 0 and saved["seed_opd_student_top1_logp"] <= 0
+    assert saved["seed_opd_gate_mean"] is None  # no gate on sampled tokens in this mode
+    rl = [r for r in read_metrics(tmp_path) if r.get("phase") == 1.0]
+    assert rl and all(0 < r["policy/opd_teacher_mass"] <= 1 for r in rl)
+    columns = compare_algos.seed_columns([saved])
+    assert columns["opd_kl"] == saved["seed_opd_kl"]
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from flax import nnx
 from seed_factories import demo_store, first_batch, tiny_policy, word_tokenizer
 
 from atdp_io.grammar_masks import stop_bitmask
-from sao_jax.losses import seed_opd_loss
+from sao_jax.losses import seed_distribution_loss, seed_opd_loss
 from sao_jax.models import MoeAuxConfig
 from sao_jax.seed import (
     Analyzer,
@@ -17,6 +17,7 @@ from sao_jax.seed import (
     skill_block_ids,
     skill_injected_batch,
     skill_logprobs,
+    skill_top_logprobs,
 )
 from sao_jax.train import Learner, LearnerConfig, objectives
 from sao_jax.train.config import OpdConfig
@@ -213,3 +214,142 @@ def test_the_teacher_scores_constrained_tokens_under_the_students_grammar_mask(b
     unmasked = learner.policy_logprobs(batch)
     assert np.all(student[action] >= unmasked[action] - 1e-5)  # renormalised over fewer ids
     assert np.max(student[action] - unmasked[action]) > 0.1
+
+
+def _teacher_top(rng, batch, k, vocab):
+    """A random teacher's top k at the action tokens: distinct ids, log-probs of a softmax."""
+    mask = batch["loss_mask"] > 0
+    logits = rng.normal(size=(*batch["tokens"].shape, vocab)) * 2
+    full = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1))
+    ids = np.argsort(-full, axis=-1)[..., :k].astype(np.int32)
+    top = np.take_along_axis(full, ids, -1)
+    return np.where(mask[..., None], ids, 0), np.where(mask[..., None], top, 0.0)
+
+
+@pytest.mark.parametrize("action_capacity", [None, 64])
+def test_the_kl_term_changes_the_gradient_exactly_by_lambda_times_its_own(batch, action_capacity):
+    """Mode "kl": the policy loss's gradient moves by lambda times the gradient of
+    `seed_distribution_loss` of a plain dense forward's log-probs of the teacher's tokens,
+    with the LM head at every position or at the action tokens only."""
+    policy = tiny_policy()
+    graphdef, params = nnx.split(policy)
+    rng = np.random.default_rng(2)
+    ids, top = _teacher_top(rng, batch, 5, policy.config.vocab_size)
+    device = {k: jnp.asarray(v) for k, v in batch.items()}
+    device.update(
+        skill_logp=jnp.zeros(batch["tokens"].shape), skill_top_ids=ids, skill_top_logp=top
+    )
+    advantages = jnp.asarray(rng.normal(size=batch["tokens"].shape), jnp.float32)
+    policy_loss = policy_loss_fn(LearnerConfig(algorithm="sao_seed"))
+    mask = objectives.action_mask(device)
+    lam = 0.41
+
+    def rl_loss(p, opd_term):
+        return objectives.policy_gradient_loss(
+            nnx.merge(graphdef, p), device, advantages, device["rollout_logp"], policy_loss,
+            entropy_coef=0.0, moe_aux=MoeAuxConfig(), chunk_size=64, opd=opd_term,
+            action_capacity=action_capacity,
+        )  # fmt: skip
+
+    def kl_only(p):
+        model = nnx.merge(graphdef, p)
+        full = jax.nn.log_softmax(
+            model(
+                device["tokens"], positions=device["positions"], segment_ids=device["segment_ids"]
+            ),
+            axis=-1,
+        )
+        # the distribution before token t predicts it: column t - 1
+        shifted = jnp.concatenate([full[:, :1], full[:, :-1]], axis=1)
+        student = jnp.take_along_axis(shifted, device["skill_top_ids"], -1)
+        return seed_distribution_loss(student, device["skill_top_logp"], mask)
+
+    @jax.jit
+    def gradients(p):
+        without = jax.grad(lambda q: rl_loss(q, None)[0])(p)
+        opd = OpdConfig(weight=lam, mode="kl", top_k=5)
+        (_, metrics), with_kl = jax.value_and_grad(lambda q: rl_loss(q, opd), has_aux=True)(p)
+        (direct_value, _), direct = jax.value_and_grad(kl_only, has_aux=True)(p)
+        return without, with_kl, direct, metrics, direct_value
+
+    without, with_kl, direct, metrics, direct_value = gradients(params)
+    np.testing.assert_allclose(metrics["opd_kl"], direct_value, rtol=1e-4)
+    assert float(metrics["opd_kl"]) > 0 and "opd_token_grad_share" not in metrics
+    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(direct))
+    assert scale > 0
+    diff = jax.tree.map(lambda a, b: a - b, with_kl, without)
+    for got, want in zip(jax.tree.leaves(diff), jax.tree.leaves(direct), strict=True):
+        np.testing.assert_allclose(got, lam * want, atol=2e-5 * scale + 1e-7)
+
+
+def test_the_teacher_keeps_its_top_k_with_the_skill_in_context_in_one_forward(batch):
+    """`skill_top_logprobs` gives the sampled tokens' `skill_logp` of `skill_logprobs` and, at
+    each action token, the k most likely tokens of the skill-conditioned distribution."""
+    tokenizer = word_tokenizer()
+    slots = sorted(set(batch["traj_index"][batch["traj_index"] >= 0]))
+    blocks = {k: skill_block_ids(tokenizer, "the mug is in drawer 1.") for k in slots}
+    config = LearnerConfig(algorithm="sao_seed", opd=OpdConfig(mode="kl", top_k=6))
+    learner = Learner(config, tiny_policy(seed=4))
+    teacher, stats = skill_top_logprobs(learner.policy_top_logprobs, batch, blocks, 32)
+    want, _ = skill_logprobs(learner.policy_logprobs, batch, blocks, 32)
+    mask = batch["loss_mask"] > 0
+    np.testing.assert_allclose(teacher["skill_logp"], want, atol=2e-5)
+    assert teacher["skill_top_ids"].shape == (*mask.shape, 6) and stats["truncated"] == 0
+    # the sampled token is among the top 6 exactly when its log-prob reaches the 6th's
+    top, ids = teacher["skill_top_logp"], teacher["skill_top_ids"]
+    inside = np.any(ids == batch["tokens"][..., None], axis=-1)
+    np.testing.assert_array_equal(inside[mask], want[mask] >= top[..., -1][mask] - 1e-5)
+    assert np.all(np.diff(top[mask], axis=-1) <= 1e-6) and np.all(top[mask] <= 0)
+    assert np.all(ids[~mask] == 0) and np.all(top[~mask] == 0)
+
+
+def test_a_kl_seed_learner_steps_on_the_teachers_distribution(batch):
+    tokenizer = word_tokenizer()
+    config = LearnerConfig(
+        algorithm="grpo_seed", opd=OpdConfig(weight=0.5, mode="kl", top_k=4, grad_share=True)
+    )
+    learner = SeedLearner(
+        config, tiny_policy(), analyzer=_BatchAnalyzer(), tokenizer=tokenizer, max_skill_tokens=64
+    )
+    reference = Learner(config, tiny_policy())  # the same weights, before the step
+    metrics = learner.iteration(batch)
+    assert learner.policy_version == 1
+    blocks = {i: skill_block_ids(tokenizer, "look") for i in range(16)}
+    teacher, _ = skill_top_logprobs(reference.policy_top_logprobs, batch, blocks, 64)
+    mask = objectives.action_mask({k: jnp.asarray(v) for k, v in batch.items()})
+    want, parts = seed_distribution_loss(
+        _student_logp_of(reference, batch, teacher["skill_top_ids"]),
+        teacher["skill_top_logp"],
+        mask,
+    )
+    np.testing.assert_allclose(metrics["policy/opd_loss"], want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(metrics["policy/opd_teacher_mass"], parts["teacher_mass"], rtol=1e-4)
+    assert metrics["policy/opd_grad_share"] > 0 and np.isfinite(metrics["policy/opd_delta_mean"])
+
+
+def _student_logp_of(learner, batch, ids):
+    """The learner's policy's log-probs of `ids` [R, T, K], one dense forward."""
+    model = learner.policy_module()
+    full = jax.nn.log_softmax(
+        model(
+            jnp.asarray(batch["tokens"]),
+            positions=jnp.asarray(batch["positions"]),
+            segment_ids=jnp.asarray(batch["segment_ids"]),
+        ),
+        axis=-1,
+    )
+    shifted = jnp.concatenate([full[:, :1], full[:, :-1]], axis=1)
+    return jnp.take_along_axis(shifted, jnp.asarray(ids), -1)
+
+
+def test_a_kl_learner_without_the_teachers_top_k_is_refused(batch):
+    config = LearnerConfig(algorithm="sao_seed", opd=OpdConfig(mode="kl"))
+    learner = Learner(config, tiny_policy())
+    learner.counters.warmup_iterations = config.critic.warmup_steps  # past the critic warm-up
+    skill_logp = np.zeros(batch["tokens"].shape, np.float32)
+    with pytest.raises(ValueError, match=r"skill_top_ids"):
+        learner.iteration({**batch, "skill_logp": skill_logp})
+    with pytest.raises(ValueError, match=r"top_k must be >= 1"):
+        OpdConfig(mode="kl", top_k=0)
+    with pytest.raises(ValueError, match="needs mode='signed'"):
+        OpdConfig(mode="kl", clip=1.0)
