@@ -219,7 +219,10 @@ def expert_reply_gap(run, learner, max_skill_tokens: int) -> dict:
     skill block in front of the prompt (`with_skill_in_context`, as stage 2 injects it) and
     without; per reply (summed over its tokens): the mean gap, the mean log-prob of each, the
     same over the replies the plain policy gives less than 1/e, and there the share the
-    skill-reading policy gives more than 1/2."""
+    skill-reading policy gives more than 1/2. `by_kind`: the same with a block of only that
+    kind's sentences (an episode without one is scored without a block: gap 0) -- which part
+    of a skill carries what the teacher knows (a fact about this episode's objects, or a rule
+    that holds in every game)."""
     from sao_jax.pipeline.relabel import relabel_with_expert
     from sao_jax.seed import episode_records, make_analyzer, skill_block_ids
     from sao_jax.seed.config import SeedConfig
@@ -235,6 +238,8 @@ def expert_reply_gap(run, learner, max_skill_tokens: int) -> dict:
     )  # fmt: skip
     records, _ = episode_records(played)
     skills = {s.trajectory_id: s for s in analyzer.analyze(records)}
+    overhead = len(skill_block_ids(tokenizer, "x")) - len(tokenizer.encode("x"))
+    budget = max_skill_tokens - overhead
 
     def oracle(trajectory, tenant: str):
         return relabel_with_expert(
@@ -242,43 +247,63 @@ def expert_reply_gap(run, learner, max_skill_tokens: int) -> dict:
             max_new_tokens=experiment.rollout.max_new_tokens, tenant=tenant, expert="oracle",
         )  # fmt: skip
 
-    plain, skilled = [], []
+    texts: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
+    plain = []
     for trajectory in played:
         skill = skills.get(trajectory.trajectory_id)
         relabelled = oracle(trajectory, "gap-expert")
         if skill is None or relabelled is None:
             continue
-        block = skill_block_ids(tokenizer, skill.text)
         plain.append(relabelled)
-        skilled.append(  # the same relabel, written to its own tenant with the block in front
-            with_skill_in_context(
-                oracle(trajectory, "gap-expert-skill"), block, max_skill_tokens=max_skill_tokens
+        texts["all"][trajectory.trajectory_id] = skill.text
+        for kind in KINDS[:-1]:
+            texts[kind][trajectory.trajectory_id] = _fit(
+                [p for p in skill.parts if p.kind == kind], tokenizer, budget
             )
-        )
-    for tenant, trajectories in (("gap-expert", plain), ("gap-expert-skill", skilled)):
-        with run.store.writer(tenant) as writer:
-            writer.append(trajectories)
+    with run.store.writer("gap-expert") as writer:
+        writer.append(plain)
     seq_len = experiment.rl.seq_len
     without = _reply_logprobs(run, learner, "gap-expert", seq_len)
-    with_skill = _reply_logprobs(run, learner, "gap-expert-skill", seq_len + max_skill_tokens)
-    if [r for r, _ in without] != [r for r, _ in with_skill]:
-        raise RuntimeError("expert_reply_gap: the two replays do not hold the same replies")
     before = np.array([lp for _, lp in without])
-    after = np.array([lp for _, lp in with_skill])
     unlikely = before < -1.0
-    return {
-        "replies": int(before.size),
-        "gap_per_reply": float((after - before).mean()),
-        "logp_without": float(before.mean()),
-        "logp_with": float(after.mean()),
-        "unlikely_replies": int(unlikely.sum()),
-        "unlikely_gap_per_reply": float((after - before)[unlikely].mean())
-        if unlikely.any()
-        else None,
-        "unlikely_share_above_half": float((after[unlikely] > np.log(0.5)).mean())
-        if unlikely.any()
-        else None,
-    }
+
+    def scored(kind: str) -> dict:
+        tenant = f"gap-expert-{kind}"
+        skilled = []
+        for trajectory in played:
+            text = texts[kind].get(trajectory.trajectory_id)
+            if text is None:
+                continue
+            relabelled = oracle(trajectory, tenant)  # the same relabel, in its own tenant
+            block = skill_block_ids(tokenizer, text) if text else []
+            skilled.append(
+                with_skill_in_context(relabelled, block, max_skill_tokens=max_skill_tokens)
+                if block
+                else relabelled
+            )
+        with run.store.writer(tenant) as writer:
+            writer.append(skilled)
+        with_skill = _reply_logprobs(run, learner, tenant, seq_len + max_skill_tokens)
+        if [r for r, _ in without] != [r for r, _ in with_skill]:
+            raise RuntimeError("expert_reply_gap: the two replays do not hold the same replies")
+        after = np.array([lp for _, lp in with_skill])
+        return {
+            "replies": int(before.size),
+            "gap_per_reply": float((after - before).mean()),
+            "logp_without": float(before.mean()),
+            "logp_with": float(after.mean()),
+            "unlikely_replies": int(unlikely.sum()),
+            "unlikely_gap_per_reply": float((after - before)[unlikely].mean())
+            if unlikely.any()
+            else None,
+            "unlikely_share_above_half": float((after[unlikely] > np.log(0.5)).mean())
+            if unlikely.any()
+            else None,
+        }
+
+    result = scored("all")
+    result["by_kind"] = {kind: scored(kind) for kind in KINDS[:-1]}
+    return result
 
 
 def _reply_logprobs(run, learner, tenant: str, seq_len: int) -> list[tuple[tuple, float]]:
@@ -324,6 +349,12 @@ def main(argv: list[str]) -> dict:
         f"({expert['unlikely_replies']}): gap {_signed(expert['unlikely_gap_per_reply'])}, "
         f"share above 1/2 with the skill {_signed(expert['unlikely_share_above_half'], '.2f')}"
     )
+    for kind, part in expert["by_kind"].items():
+        print(
+            f"  only its {kind} sentences: gap {part['gap_per_reply']:+.3f} nats a reply; where "
+            f"the policy gives it < 1/e: {_signed(part['unlikely_gap_per_reply'])}, share above "
+            f"1/2 {_signed(part['unlikely_share_above_half'], '.2f')}"
+        )
     return result
 
 

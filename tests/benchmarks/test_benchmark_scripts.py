@@ -183,6 +183,8 @@ def test_seed_skill_gap_runs_on_a_run_directory(tmp_path):
             r"2 episodes of train \(success \d\.\d{3}\)",
             r"gap = log pi",
             r"the oracle's replies in those states \(\d+\), whole skill in context: gap [-+]\d",
+            r"only its fact sentences: gap [-+]\d",
+            r"only its procedure sentences: gap [-+]\d",
         ],
     )
     result = json.loads((tmp_path / "scratch" / "skill_gap.json").read_text())
@@ -190,6 +192,10 @@ def test_seed_skill_gap_runs_on_a_run_directory(tmp_path):
     assert expert["replies"] > 0 and expert["unlikely_replies"] <= expert["replies"]
     gap = expert["logp_with"] - expert["logp_without"]
     assert expert["gap_per_reply"] == pytest.approx(gap, abs=1e-6)
+    # each kind alone is scored on the same replies
+    for part in expert["by_kind"].values():
+        assert part["replies"] == expert["replies"]
+        assert part["logp_without"] == pytest.approx(expert["logp_without"], abs=1e-6)
 
 
 @pytest.mark.slow
