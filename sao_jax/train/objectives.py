@@ -442,15 +442,8 @@ def policy_gradient_loss(
         greedy = (batch[SAMPLING_KEYS[0]] <= 0).astype(jnp.float32)
         metrics["greedy_token_frac"] = masked_token_mean(greedy, mask)
     if opd is not None:
-        opd_value, opd_metrics = opd_loss(
-            policy,
-            batch,
-            out.hidden,
-            logp,
-            opd,
-            chunk_size=chunk_size,
-            action_capacity=action_capacity,
-        )
+        head = dict(chunk_size=chunk_size, action_capacity=action_capacity)
+        opd_value, opd_metrics = opd_loss(policy, batch, out.hidden, logp, opd, **head)
         loss = loss + opd.weight * opd_value
         metrics["opd_loss"] = opd_value
         metrics.update({f"opd_{k}": v for k, v in opd_metrics.items()})
@@ -579,16 +572,8 @@ def opd_gradient_norm(
         policy = policy_fn(p)
         out = backbone(policy, batch)
         logp, _ = head_logprobs(policy, batch, out.hidden, chunk_size, action_capacity)
-        value, _ = opd_loss(
-            policy,
-            batch,
-            out.hidden,
-            logp,
-            opd,
-            chunk_size=chunk_size,
-            action_capacity=action_capacity,
-        )
-        return opd.weight * value
+        head = dict(chunk_size=chunk_size, action_capacity=action_capacity)
+        return opd.weight * opd_loss(policy, batch, out.hidden, logp, opd, **head)[0]
 
     grads = jax.grad(term)(params)
     return jax.lax.stop_gradient(
