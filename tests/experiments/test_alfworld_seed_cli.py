@@ -95,14 +95,16 @@ def test_a_seed_run_distils_the_teachers_distribution_with_mode_kl(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_seed_run_spans_two_processes(tmp_path):
+@pytest.mark.parametrize("opd_mode", ["gated", "kl"])
+def test_a_seed_run_spans_two_processes(tmp_path, opd_mode):
     """Like alfworld_sao's multi-process run: 2 local processes x 2 fake devices, each playing,
-    labelling and writing its own partitions; cloning and learner steps span both."""
+    labelling and writing its own partitions; cloning and learner steps span both. In mode kl
+    each process reads back its own rows of the teacher's top k too."""
     shared = tmp_path / "bucket"  # storage every "host" sees
     argv = [
         *MICRO, "--out", str(tmp_path / "out"), f"atdp_path={shared / 'atdp'}",
         f"checkpoint_dir={shared / 'checkpoints'}", "mesh.ici.fsdp=-1", "mesh.ici.expert=2",
-        "mesh.dcn.data=-1", "mesh.dcn.fsdp=1",
+        "mesh.dcn.data=-1", "mesh.dcn.fsdp=1", f"learner.opd.mode={opd_mode}",
     ]  # fmt: skip
     command = [sys.executable, "-m", "experiments.alfworld_seed", *argv]
     result = launch_local(
@@ -123,6 +125,8 @@ def test_a_seed_run_spans_two_processes(tmp_path):
     assert written and all(load_skills(store, tenant=t) for t in written)
     rl = [r for r in read_metrics(tmp_path / "out") if r.get("phase") == 1.0]
     assert rl and all("policy/opd_loss" in r and "policy/opd_delta_p50" in r for r in rl)
+    if opd_mode == "kl":
+        assert all(r["policy/opd_kl"] > 0 and r["policy/opd_teacher_mass"] > 0 for r in rl)
 
 
 @pytest.mark.slow
