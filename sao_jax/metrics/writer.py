@@ -156,7 +156,10 @@ class MetricsWriter:
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record `metrics` (numbers, strings, 0-d numpy / jax arrays, nested dicts) at `step`.
 
-        Device arrays are fetched in one transfer. Raises ValueError naming a bad metric.
+        Device arrays are fetched in one transfer. Raises ValueError naming a bad metric. A NaN
+        (a value with nothing to measure this step, e.g. the gap of a skill kind no row had)
+        goes to metrics.jsonl as "nan" and is left out of TensorBoard, where it plots nothing
+        and tensorboardX would warn on every write.
         """
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
             raise TypeError(f"step must be an int, got {type(step).__name__}")
@@ -175,7 +178,7 @@ class MetricsWriter:
         self._file.flush()  # a crashed run keeps every completed line
         if self._tensorboard is not None:
             for name, value in values.items():
-                if isinstance(value, int | float):
+                if isinstance(value, int | float) and not math.isnan(value):
                     self._tensorboard.add_scalar(name, value, int(step))
 
     def flush(self) -> None:

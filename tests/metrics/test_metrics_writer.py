@@ -84,6 +84,15 @@ def test_tensorboard_receives_numeric_scalars(tmp_path):
     assert scalars["loss"][2][1] == pytest.approx(1 / 3)
 
 
+def test_nan_is_kept_in_json_and_left_out_of_tensorboard(tmp_path):
+    with MetricsWriter(tmp_path) as writer:
+        writer.write(0, {"gap": 0.5, "loss": 1.0})
+        writer.write(1, {"gap": float("nan"), "loss": 2.0})
+    scalars = tensorboard_scalars(tmp_path)
+    assert [s for s, _ in scalars["gap"]] == [0] and [s for s, _ in scalars["loss"]] == [0, 1]
+    assert math.isnan(read_metrics(tmp_path)[1]["gap"])
+
+
 def test_resume_drops_records_after_the_checkpoint(tmp_path):
     with MetricsWriter(tmp_path) as writer:
         for step in range(6):
