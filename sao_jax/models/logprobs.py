@@ -20,59 +20,6 @@ import jax.numpy as jnp
 LOGPROB_CHUNK = 256
 
 
-def chunked_token_logprobs(
-    hidden: jax.Array,
-    unembedding: jax.Array,
-    targets: jax.Array,
-    *,
-    chunk_size: int = LOGPROB_CHUNK,
-    temperature: float = 1.0,
-) -> tuple[jax.Array, jax.Array]:
-    """Log-prob of each target token and the entropy of each predictive distribution.
-
-    Args:
-      hidden: [B, T, D] final hidden states (after the final norm).
-      unembedding: [D, V] output projection.
-      targets: [B, T] int token ids whose log-probs are wanted (usually inputs shifted left).
-      chunk_size: positions per chunk; peak logits memory is B * chunk_size * V floats.
-      temperature: logits are divided by it (1.0: the policy's own distribution).
-    Returns:
-      (logp [B, T] float32, entropy [B, T] float32); differentiable w.r.t. hidden and
-      unembedding.
-    """
-    if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"hidden must be [B, T, D] and targets [B, T]; got {hidden.shape} and {targets.shape}"
-        )
-    if unembedding.shape[0] != hidden.shape[-1]:
-        raise ValueError(f"unembedding must be [D={hidden.shape[-1]}, V], got {unembedding.shape}")
-    if chunk_size <= 0 or temperature <= 0:
-        raise ValueError(
-            f"chunk_size and temperature must be positive: {chunk_size}, {temperature}"
-        )
-    b, t, d = hidden.shape
-    chunk = min(chunk_size, t)
-    pad = (-t) % chunk
-    n = (t + pad) // chunk
-    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
-    tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-    w = unembedding.astype(hidden.dtype)
-
-    @jax.checkpoint
-    def one_chunk(h_c: jax.Array, t_c: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits = jnp.einsum("bcd,dv->bcv", h_c, w, preferred_element_type=jnp.float32)
-        logits = logits / temperature
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        logp = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - log_z
-        probs = jnp.exp(logits - log_z[..., None])
-        entropy = log_z - jnp.sum(probs * logits, axis=-1)
-        return logp, entropy
-
-    logp, entropy = jax.lax.map(lambda args: one_chunk(*args), (h, tg))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]  # noqa: E731
-    return unchunk(logp), unchunk(entropy)
-
-
 def _chunks(hidden: jax.Array, chunk_size: int, *others: jax.Array):
     """[B, T, ...] arrays -> [n, B, chunk, ...] blocks over T (zero-padded) and an unchunker."""
     b, t = hidden.shape[:2]
@@ -97,6 +44,50 @@ def _check_head(hidden: jax.Array, unembedding: jax.Array, chunk_size: int) -> N
         raise ValueError(f"unembedding must be [D={hidden.shape[-1]}, V], got {unembedding.shape}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+
+
+def chunked_token_logprobs(
+    hidden: jax.Array,
+    unembedding: jax.Array,
+    targets: jax.Array,
+    *,
+    chunk_size: int = LOGPROB_CHUNK,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Log-prob of each target token and the entropy of each predictive distribution.
+
+    Args:
+      hidden: [B, T, D] final hidden states (after the final norm).
+      unembedding: [D, V] output projection.
+      targets: [B, T] int token ids whose log-probs are wanted (usually inputs shifted left).
+      chunk_size: positions per chunk; peak logits memory is B * chunk_size * V floats.
+      temperature: logits are divided by it (1.0: the policy's own distribution).
+    Returns:
+      (logp [B, T] float32, entropy [B, T] float32); differentiable w.r.t. hidden and
+      unembedding.
+    """
+    if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"hidden must be [B, T, D] and targets [B, T]; got {hidden.shape} and {targets.shape}"
+        )
+    _check_head(hidden, unembedding, chunk_size)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    (h, tg), unchunk = _chunks(hidden, chunk_size, targets)
+    w = unembedding.astype(hidden.dtype)
+
+    @jax.checkpoint
+    def one_chunk(h_c: jax.Array, t_c: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = jnp.einsum("bcd,dv->bcv", h_c, w, preferred_element_type=jnp.float32)
+        logits = logits / temperature
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        logp = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - log_z
+        probs = jnp.exp(logits - log_z[..., None])
+        entropy = log_z - jnp.sum(probs * logits, axis=-1)
+        return logp, entropy
+
+    logp, entropy = jax.lax.map(lambda args: one_chunk(*args), (h, tg))
+    return unchunk(logp), unchunk(entropy)
 
 
 def chunked_top_logprobs(
