@@ -54,6 +54,7 @@ def evaluate_with(run: Run, log: MetricsWriter, sampler: Sampler, tag: str, spli
             "avg_steps": result.avg_steps,
             "invalid_reply_rate": result.invalid_reply_rate,
             "inadmissible_rate": result.inadmissible_rate,
+            "repeat_rate": result.repeat_rate,
             "by_task_type": {
                 t: row["success_rate"] for t, row in result.by_task_type.items() if row["episodes"]
             },

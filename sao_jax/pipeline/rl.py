@@ -139,6 +139,7 @@ def reinforcement_learning(
                 "rollout/dropped_stale": stats["dropped_stale"],
                 "rollout/invalid_reply_rate": stats["invalid_reply_rate"],
                 "rollout/inadmissible_rate": stats["inadmissible_rate"],
+                "rollout/repeat_rate": stats["repeat_rate"],
                 "rollout/replayed_tasks": stats["replayed_tasks"],
                 "rollout/temperature": engine.temperature,
             }

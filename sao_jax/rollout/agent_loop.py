@@ -86,6 +86,12 @@ class RolloutConfig:
       not one of the admissible commands the prompt lists, "Nothing happens."); 0 keeps the
       papers' reward (win and malformed reply only), a small negative value penalises a
       policy that loops on one.
+    repeat_penalty: added when a well-formed command the env admits answers with an observation
+      the episode has already seen (its opening text or an earlier step's answer, compared as
+      text): an episodic novelty penalty on steps that bring nothing new -- ALFWorld: going
+      back to a receptacle whose contents have not changed, `look` / `examine` again. The turn
+      records `repeated_observation` whatever the setting (`rollout/repeat_rate`); 0 (the
+      default) leaves the reward alone.
     max_new_tokens: reply length cap (the stop token counts).
     max_context_tokens: KV-cache positions per slot: a turn's input + `max_new_tokens` must
       fit (the cap of a whole concat episode), so every loader row fits a `seq_len` of this
@@ -120,6 +126,7 @@ class RolloutConfig:
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
     inadmissible_penalty: float = 0.0
+    repeat_penalty: float = 0.0
     max_new_tokens: int = 32
     max_context_tokens: int = 1024
     temperature: float = 1.0
@@ -595,11 +602,17 @@ class AgentLoop:
         command = parsed.action if parsed.valid else ""
         observation, won_reward, done, info = slot.env.step(command)
         check_info(info, STEP_INFO_KEYS, f"{type(slot.env).__name__}.step")
+        admissible = bool(info["admissible"])
         env_reward, format_reward = slot.env.rewards(
             won_reward,
             valid_reply=parsed.valid,
-            admissible=bool(info["admissible"]),
+            admissible=admissible,
             weights=config.reward_weights,
+        )
+        repeated = (
+            parsed.valid
+            and admissible
+            and repeats_observation(observation, slot.observation, slot.history)
         )
         slot.turns.append(
             Turn(
@@ -615,10 +628,12 @@ class AgentLoop:
                 parse_error=parsed.error,
                 observation=slot.observation,
                 next_observation=observation,
-                admissible=bool(info["admissible"]),
+                admissible=admissible,
                 won=bool(info["won"]),
                 env_reward=env_reward,
                 format_reward=format_reward,
+                repeated_observation=repeated,
+                novelty_reward=config.repeat_penalty if repeated else 0.0,
                 seed=slot.seed,
                 started_at=slot.turn_started,
                 latency_s=time.time() - slot.turn_started,
@@ -674,6 +689,13 @@ class AgentLoop:
             started_at=slot.started_at,
             group_key=rollout_group_id(self.run_id, self.worker_id, slot.group_id),
         )
+
+
+def repeats_observation(observation: str, current: str, history: Sequence[tuple[str, str]]) -> bool:
+    """Whether an env's answer repeats what the episode already saw: the observation the
+    command was given (`current`) or one before it (`history`: (observation, command) pairs,
+    the opening text first)."""
+    return observation == current or any(observation == seen for seen, _ in history)
 
 
 def _reply_penalty(config: RolloutConfig, valid: bool, admissible: bool) -> float:

@@ -69,6 +69,9 @@ class Turn:
     info: Mapping = dataclasses.field(default_factory=dict)  # the env's step info (not stored)
     sampled_logprobs: np.ndarray | None = None
     grammar: str | None = None  # the reply's output grammar (`RolloutConfig.reply_choices`)
+    # an admitted command whose answer the episode had already seen (`RolloutConfig.repeat_penalty`)
+    repeated_observation: bool = False
+    novelty_reward: float = 0.0  # repeat_penalty on such a turn, else 0 (reward source "novelty")
 
     @property
     def policy_version(self) -> int:
@@ -124,8 +127,13 @@ class Episode:
         return sum(t.valid_reply and not t.admissible for t in self.turns)
 
     @property
+    def repeated_observations(self) -> int:
+        """Admitted commands whose answer the episode had already seen (`Turn.repeated_observation`)."""
+        return sum(t.repeated_observation for t in self.turns)
+
+    @property
     def total_reward(self) -> float:
-        return float(sum(t.env_reward + t.format_reward for t in self.turns))
+        return float(sum(t.env_reward + t.format_reward + t.novelty_reward for t in self.turns))
 
     @property
     def generated_tokens(self) -> int:
@@ -234,6 +242,8 @@ class Episode:
             rewards.append(Reward(turn.env_reward, "env"))
         if turn.format_reward:
             rewards.append(Reward(turn.format_reward, "format"))
+        if turn.novelty_reward:
+            rewards.append(Reward(turn.novelty_reward, "novelty"))
         return Event(
             kind=EventKind.ENV_STEP,
             replay=ReplayClass.DETERMINISTIC,  # our engine is a pure function of game + commands
@@ -244,6 +254,7 @@ class Episode:
                 "admissible": turn.admissible,
                 "invalid_reply": not turn.valid_reply,
                 "parse_error": turn.parse_error,
+                "repeated_observation": turn.repeated_observation,
             },
             rewards=tuple(rewards),
             error_class="" if turn.valid_reply else "invalid_reply",

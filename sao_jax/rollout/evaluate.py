@@ -23,8 +23,9 @@ from sao_jax.tokenizers import Tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-    """success_rate, avg_steps, invalid_reply_rate and inadmissible_rate (malformed replies and
-    well-formed commands the room does not admit, each per env step) and avg_reward over
+    """success_rate, avg_steps, invalid_reply_rate, inadmissible_rate and repeat_rate (malformed
+    replies, well-formed commands the room does not admit, and admitted commands whose answer
+    the episode had already seen, each per env step) and avg_reward over
     `episodes` games of `split`; by_task_type = {task type: {episodes, won, success_rate}}
     (types with no game in the evaluated subset have 0 episodes)."""
 
@@ -39,6 +40,7 @@ class EvalResult:
     truncated_context: int
     policy_version: int
     wall_seconds: float
+    repeat_rate: float = 0.0
 
     def metrics(self, prefix: str | None = None) -> dict[str, float]:
         """Flat scalars for a metrics log: `{prefix}/success`, `{prefix}/success/<task type>`, ..."""
@@ -48,6 +50,7 @@ class EvalResult:
             f"{prefix}/avg_steps": self.avg_steps,
             f"{prefix}/invalid_reply_rate": self.invalid_reply_rate,
             f"{prefix}/inadmissible_rate": self.inadmissible_rate,
+            f"{prefix}/repeat_rate": self.repeat_rate,
             f"{prefix}/avg_reward": self.avg_reward,
         }
         for task_type, row in self.by_task_type.items():
@@ -75,6 +78,7 @@ class EvalResult:
             avg_steps=totals["avg_steps"],
             invalid_reply_rate=totals["invalid_reply_rate"],
             inadmissible_rate=totals["inadmissible_rate"],
+            repeat_rate=totals["repeat_rate"],
             avg_reward=totals["avg_reward"],
             truncated_context=totals["truncated_context"],
             policy_version=parts[0].policy_version,
@@ -91,6 +95,7 @@ class EvalResult:
             "env_steps": steps,
             "invalid_replies": self.invalid_reply_rate * steps,
             "inadmissible_commands": self.inadmissible_rate * steps,
+            "repeated_observations": self.repeat_rate * steps,
             "avg_reward": self.avg_reward,
             "truncated_context": self.truncated_context,
             "by_task_type": self.by_task_type,
@@ -172,6 +177,7 @@ def evaluate(
         avg_steps=s["avg_steps"],
         invalid_reply_rate=s["invalid_reply_rate"],
         inadmissible_rate=s["inadmissible_rate"],
+        repeat_rate=s["repeat_rate"],
         avg_reward=s["avg_reward"],
         truncated_context=s["truncated_context"],
         policy_version=policy.policy_version,

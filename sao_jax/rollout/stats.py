@@ -14,7 +14,9 @@ class RolloutStats:
 
     `snapshot()` returns plain numbers: episodes, won, success_rate, env_steps, llm_calls,
     generated_tokens, prompt_tokens, invalid_replies, invalid_reply_rate, inadmissible_commands,
-    inadmissible_rate (well-formed commands the room does not admit, per env step), avg_steps,
+    inadmissible_rate (well-formed commands the room does not admit, per env step),
+    repeated_observations, repeat_rate (admitted commands whose answer the episode had already
+    seen, per env step: `Turn.repeated_observation`), avg_steps,
     truncated_context, truncated_step_limit, dropped_stale, weight_syncs, rollout_seconds
     (0 until counted), every other counter given to `add`, and `by_task_type` = {task type:
     {episodes, won, success_rate}} over `task_types` (the env's `TextEnv.task_types`: listed
@@ -43,6 +45,7 @@ class RolloutStats:
                 c["prompt_tokens"] += sum(int(t.input_ids.shape[0]) for t in turns)
                 c["invalid_replies"] += episode.invalid_replies
                 c["inadmissible_commands"] += episode.inadmissible_commands
+                c["repeated_observations"] += episode.repeated_observations
                 c["truncated_context"] += int(episode.truncated_by == "context")
                 c["truncated_step_limit"] += int(episode.truncated_by == "step_limit")
                 c["reward_sum"] += episode.total_reward
@@ -57,7 +60,14 @@ class RolloutStats:
         return _finish(counts, by_type)
 
 
-_RATES = ("success_rate", "avg_steps", "avg_reward", "invalid_reply_rate", "inadmissible_rate")
+_RATES = (
+    "success_rate",
+    "avg_steps",
+    "avg_reward",
+    "invalid_reply_rate",
+    "inadmissible_rate",
+    "repeat_rate",
+)
 _LEVELS = ("policy_version",)  # the same clock on every engine: combined by max, not summed
 
 
@@ -95,6 +105,7 @@ def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
         "prompt_tokens",
         "invalid_replies",
         "inadmissible_commands",
+        "repeated_observations",
         "truncated_context",
         "truncated_step_limit",
         "dropped_stale",
@@ -107,6 +118,7 @@ def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
     counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
     counts["invalid_reply_rate"] = counts["invalid_replies"] / steps if steps else 0.0
     counts["inadmissible_rate"] = counts["inadmissible_commands"] / steps if steps else 0.0
+    counts["repeat_rate"] = counts["repeated_observations"] / steps if steps else 0.0
     counts["by_task_type"] = {
         t: {"episodes": n, "won": w, "success_rate": w / n if n else 0.0}
         for t, (n, w) in by_type.items()

@@ -46,6 +46,7 @@ def test_deterministic_and_greedy_whatever_the_sampling_settings():
         "avg_steps",
         "invalid_reply_rate",
         "inadmissible_rate",
+        "repeat_rate",
         "avg_reward",
     ):
         assert getattr(first, field) == getattr(again, field)
@@ -108,6 +109,7 @@ def test_shards_of_the_games_combine_into_the_whole_evaluation():
         "avg_steps",
         "invalid_reply_rate",
         "inadmissible_rate",
+        "repeat_rate",
         "avg_reward",
     ):
         assert getattr(combined, field) == pytest.approx(getattr(whole, field)), field
@@ -115,7 +117,7 @@ def test_shards_of_the_games_combine_into_the_whole_evaluation():
 
 
 def test_combine_weights_by_episodes_and_steps():
-    def part(episodes, won, steps, invalid, inadmissible=0):
+    def part(episodes, won, steps, invalid, inadmissible=0, repeated=0):
         return EvalResult(
             split="valid_seen",
             episodes=episodes,
@@ -128,13 +130,16 @@ def test_combine_weights_by_episodes_and_steps():
             truncated_context=1,
             policy_version=3,
             wall_seconds=float(episodes),
+            repeat_rate=repeated / steps,
         )
 
-    combined = EvalResult.combine([part(4, 1, 40, 4, 10), part(1, 1, 2, 2, 1)])
+    combined = EvalResult.combine([part(4, 1, 40, 4, 10, 8), part(1, 1, 2, 2, 1, 0)])
     assert combined.success_rate == pytest.approx(2 / 5)
     assert combined.avg_steps == pytest.approx(42 / 5)
     assert combined.invalid_reply_rate == pytest.approx(6 / 42)  # per step, not per episode
     assert combined.inadmissible_rate == pytest.approx(11 / 42)
+    assert combined.repeat_rate == pytest.approx(8 / 42)
+    assert combined.metrics()["eval/valid_seen/repeat_rate"] == pytest.approx(8 / 42)
     assert combined.by_task_type["pick_and_place_simple"]["success_rate"] == pytest.approx(2 / 5)
     assert combined.avg_reward == pytest.approx(20 / 5)
     assert combined.truncated_context == 2 and combined.wall_seconds == 4.0
