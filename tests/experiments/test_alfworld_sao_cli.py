@@ -189,6 +189,30 @@ def test_rollout_temperature_schedule_from_the_command_line(finished_run, tmp_pa
     assert rounds == pytest.approx([1.0] * 2 + [0.8] * 2 + [0.6] * 2)  # micro: 2 a version
 
 
+@pytest.mark.slow
+def test_repeat_penalty_from_the_command_line(finished_run, tmp_path):
+    """`rollout.repeat_penalty` end to end: the RL episodes' steps that repeat an answer carry
+    the penalty as a `novelty` reward (and no other step does), and the metrics count them."""
+    run = three_synchronous_steps(
+        finished_run,
+        tmp_path,
+        "rollout.repeat_penalty=-0.5",
+        "rollout.reply_choices=true",  # every command admitted: the micro policy circles
+    )
+    repeated = steps = 0
+    for _, trajectory in rl_trajectories(run):
+        for event in trajectory.events:
+            if event.llm is not None or "repeated_observation" not in event.result:
+                continue
+            novelty = [r.value for r in event.rewards if r.source == "novelty"]
+            flagged = event.result["repeated_observation"]
+            assert novelty == ([-0.5] if flagged else [])
+            repeated, steps = repeated + flagged, steps + 1
+    assert steps and repeated
+    rates = [r["rollout/repeat_rate"] for r in read_metrics(run) if "rollout/repeat_rate" in r]
+    assert rates and 0 < rates[-1] <= 1
+
+
 def test_inspect_checkpoints_refuses_a_directory_that_holds_no_run(tmp_path):
     with pytest.raises(SystemExit, match="is not a run directory"):
         inspect_checkpoints.main([f"run={tmp_path}"])
