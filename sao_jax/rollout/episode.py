@@ -74,6 +74,12 @@ class Turn:
     novelty_reward: float = 0.0  # repeat_penalty on such a turn, else 0 (reward source "novelty")
 
     @property
+    def reward(self) -> float:
+        """The turn's whole reward, every source: what its ATDP step records and its loader row
+        carries at the turn's last token."""
+        return self.env_reward + self.format_reward + self.novelty_reward
+
+    @property
     def policy_version(self) -> int:
         """Version of the weights that sampled the first token."""
         return int(self.output_versions[0]) if self.output_versions.size else 0
@@ -133,7 +139,7 @@ class Episode:
 
     @property
     def total_reward(self) -> float:
-        return float(sum(t.env_reward + t.format_reward + t.novelty_reward for t in self.turns))
+        return float(sum(t.reward for t in self.turns))
 
     @property
     def generated_tokens(self) -> int:

@@ -50,7 +50,7 @@ def check_rows_against_turns(batch, rows_turns):
             np.testing.assert_array_equal(batch["rollout_logp"][r, span], turn.output_logprobs)
             np.testing.assert_array_equal(batch["versions"][r, span], turn.output_versions)
             reward = batch["rewards"][r, offset + n - 1]
-            assert reward == pytest.approx(turn.env_reward + turn.format_reward)
+            assert reward == pytest.approx(turn.reward)
             mask[span] = 1
         np.testing.assert_array_equal(batch["loss_mask"][r], mask)
     # The recorded log-probs are the policy's own: one full forward pass agrees.

@@ -88,9 +88,7 @@ def test_repeated_answers_are_flagged_penalised_stored_and_trained_on(tmp_path):
     assert (batch["traj_index"] >= 0).sum() == len(turns)
     for r, turn in enumerate(turns):
         end = turn.input_ids.shape[0] + turn.output_ids.shape[0] - 1
-        assert batch["rewards"][r, end] == pytest.approx(
-            turn.env_reward + turn.format_reward + turn.novelty_reward
-        )
+        assert batch["rewards"][r, end] == pytest.approx(turn.reward)
 
 
 def test_without_the_penalty_the_flags_stay_and_the_reward_is_the_papers():
