@@ -227,6 +227,14 @@ def turn_rewards(
     return weights.win_reward * float(reward), penalty
 
 
+def repeats_observation(observation: str, current: str, history: Sequence[tuple[str, str]]) -> bool:
+    """Whether an env's answer repeats what the episode already saw: the observation the
+    command was given (`current`) or one before it (`history`: (observation, command) pairs,
+    the opening text first). What `RolloutConfig.repeat_penalty` (source "novelty") falls on,
+    for a well-formed, admitted command."""
+    return observation == current or any(observation == seen for seen, _ in history)
+
+
 # -- tasks ----------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,13 @@ reply: it still costs a step) and returns the next prompt and the turn's reward.
 
 from __future__ import annotations
 
-from sao_jax.envs.base import ParsedReply, PromptOptions, RewardWeights, TextEnv
+from sao_jax.envs.base import (
+    ParsedReply,
+    PromptOptions,
+    RewardWeights,
+    TextEnv,
+    repeats_observation,
+)
 
 
 class PromptedEnv:
@@ -16,8 +22,11 @@ class PromptedEnv:
     reset(index) -> (prompt, info); step(reply) -> (prompt, reward, done, info); the reward is
     the env's reward hook (`TextEnv.rewards`) under `weights`. Info adds `reply` (the
     ParsedReply), `invalid_replies` (count this episode) and `history` (every
-    (observation, action) pair so far). options: how prompts are written (h, think, memory
-    line, style; `PromptOptions`).
+    (observation, action) pair so far); after a step also the reward's two parts,
+    `env_reward` and `format_reward` (the malformed-reply or refused-command penalty), and
+    `repeated_observation` (a well-formed, admitted command whose answer the episode had
+    already seen: `repeats_observation`, what the rollout's novelty penalty falls on).
+    options: how prompts are written (h, think, memory line, style; `PromptOptions`).
     """
 
     def __init__(
@@ -56,17 +65,21 @@ class PromptedEnv:
         parsed = self.harness.parse_reply(reply, think=self.options.think)
         command = parsed.action if parsed.valid else ""
         self.invalid_replies += not parsed.valid
-        self.history.append((self._observation, command))
-        self._observation, env_reward, done, self._info = self.env.step(command)
-        reward = sum(
-            self.env.rewards(
-                env_reward,
-                valid_reply=parsed.valid,
-                admissible=bool(self._info["admissible"]),
-                weights=self.weights,
-            )
+        given, earlier = self._observation, list(self.history)
+        self.history.append((given, command))
+        self._observation, won_reward, done, self._info = self.env.step(command)
+        admissible = bool(self._info["admissible"])
+        env_reward, format_reward = self.env.rewards(
+            won_reward, valid_reply=parsed.valid, admissible=admissible, weights=self.weights
         )
-        return self.prompt(), reward, done, self._with_harness_info(self._info, parsed)
+        repeated = (
+            parsed.valid and admissible and repeats_observation(self._observation, given, earlier)
+        )
+        info = self._with_harness_info(self._info, parsed)
+        info.update(
+            env_reward=env_reward, format_reward=format_reward, repeated_observation=repeated
+        )
+        return self.prompt(), env_reward + format_reward, done, info
 
     def _with_harness_info(self, info: dict, parsed: ParsedReply | None) -> dict:
         return {

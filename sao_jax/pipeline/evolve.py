@@ -118,8 +118,11 @@ class Evolution:
             url=self.server.url, tenant=tenant, concurrency=self.spec.concurrency,
             env=env.name, split=env.split, size=env.size, phrasing=env.phrasing,
             max_steps=env.max_steps, seed=env.seed, history_length=rollout.history_length,
-            think=rollout.think, prompt_style=rollout.prompt_style,
+            think=rollout.think, memory_line=rollout.memory_line,
+            prompt_style=rollout.prompt_style,
             win_reward=rollout.win_reward, invalid_reply_penalty=rollout.invalid_reply_penalty,
+            inadmissible_penalty=rollout.inadmissible_penalty,
+            repeat_penalty=rollout.repeat_penalty,
             max_tokens=rollout.max_new_tokens, temperature=self.spec.temperature,
             request_timeout_s=self.config.serving.request_timeout_s,
         )  # fmt: skip

@@ -9,8 +9,11 @@ session (`POST /rl/start_session`, stdlib `GatewayClient`); every turn is one
 `chat.completions.create` call of the official `openai` client with the harness prompt as a
 single user message (the windowed layout the policy was cloned on: the prompt carries the last
 `--history-length` steps). Rewards go through `/rl/set_reward` on the completion that earned
-them, before the session ends, so the learner's stream sees them: `--win-reward` (source
-"env") on the winning reply, `--invalid-reply-penalty` (source "format") on a malformed one.
+them, before the session ends, so the learner's stream sees them -- the rewards the rollout
+engine gives the same turn (`posted_rewards`): `--win-reward` (source "env") on the winning
+reply, `--invalid-reply-penalty` (source "format") on a malformed one, `--inadmissible-penalty`
+(source "format") on a well-formed command the env refuses, and `--repeat-penalty` (source
+"novelty") on an admitted command whose answer the game had already shown.
 `/rl/end_session` closes the trajectory with the outcome.
 
 SIGTERM / SIGINT stop the agent after the calls in flight: games not finished are abandoned
@@ -53,8 +56,11 @@ class AgentConfig:
       env: the env it plays (a registered `TextEnv`: `sao_jax.envs.EnvConfig.name`).
       split, size, phrasing, max_steps, seed: its tasks (`EnvConfig`; size and phrasing are
         ALFWorld's); seed orders them.
-      history_length, think, prompt_style: its prompts (`PromptOptions`); win_reward,
-        invalid_reply_penalty: its rewards (`RewardWeights`).
+      history_length, think, memory_line, prompt_style: its prompts (`PromptOptions`).
+      win_reward, invalid_reply_penalty, inadmissible_penalty: its rewards (`RewardWeights`,
+        as `RolloutConfig` gives them offline); repeat_penalty: the novelty penalty
+        (`RolloutConfig.repeat_penalty`). A run passes its rollout's values, so online turns
+        earn what offline turns earn.
       max_tokens, temperature, top_p: decoding of every call.
       request_timeout_s: one completion's HTTP timeout (first calls wait for XLA compiles).
       max_retries: the openai client's retries of 429 / 5xx / connection errors.
@@ -75,9 +81,12 @@ class AgentConfig:
     seed: int = 0
     history_length: int = 1
     think: bool = False
+    memory_line: bool = False
     prompt_style: str = "paper"
     win_reward: float = 10.0
     invalid_reply_penalty: float = -0.1
+    inadmissible_penalty: float = 0.0
+    repeat_penalty: float = 0.0
     max_tokens: int = 12
     temperature: float = 1.0
     top_p: float = 1.0
@@ -111,8 +120,8 @@ class AgentStats:
     def __init__(self, log_path: Path | None):
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(
-            ("requests", "episodes", "won", "env_steps", "invalid_replies", "rewards_posted",
-             "errors", "abandoned", "truncated_context", "completion_tokens", "rate_limited"), 0,
+            ("requests", "episodes", "won", "env_steps", "invalid_replies", "refused_commands",
+             "repeated_observations", "rewards_posted", "errors", "abandoned", "truncated_context", "completion_tokens", "rate_limited"), 0,
         )  # fmt: skip
         self.max_policy_version = -1
         self.last_error = ""
@@ -174,10 +183,15 @@ class Agent:
         self.config = config
         self.gateway = GatewayClient(config.url, admin_key, timeout_s=config.request_timeout_s)
         self.prompt_options = PromptOptions(
-            history_length=config.history_length, think=config.think, style=config.prompt_style
+            history_length=config.history_length,
+            think=config.think,
+            memory_line=config.memory_line,
+            style=config.prompt_style,
         )
         self.reward_weights = RewardWeights(
-            win_reward=config.win_reward, invalid_reply_penalty=config.invalid_reply_penalty
+            win_reward=config.win_reward,
+            invalid_reply_penalty=config.invalid_reply_penalty,
+            inadmissible_penalty=config.inadmissible_penalty,
         )
         self.env = config.env_config
         splits = self.env.env_class.splits
@@ -249,7 +263,7 @@ class Agent:
             "env": config.env, "split": config.split, "index": game, **env.task_spec(),
             "max_steps": config.max_steps, "layout": "windowed",
             "history_length": config.history_length, "think": config.think,
-            "prompt_style": config.prompt_style, "task_type": info["task_type"],
+            "memory_line": config.memory_line, "prompt_style": config.prompt_style, "task_type": info["task_type"],
             "game_id": info["task_id"], "source": "online_agent",
         }  # fmt: skip
         session = self.gateway.start_session(
@@ -287,22 +301,25 @@ class Agent:
             self.stats.add(requests=1, completion_tokens=reply.usage.completion_tokens)
             text = reply.choices[0].message.content or ""
             prompt, _, done, info = harness.step(text)
-            rewards = []
-            if not info["reply"].valid:
-                rewards.append((config.invalid_reply_penalty, "format"))
-            if info["won"]:
-                won = True
-                rewards.append((config.win_reward, "env"))
+            won = won or bool(info["won"])
+            rewards = posted_rewards(info, config.repeat_penalty)
             for value, source in rewards:
                 session.set_reward(value, interaction_id=reply.id, source=source)
-            self.stats.add(env_steps=1, invalid_replies=int(not info["reply"].valid))
-            self.stats.add(rewards_posted=len(rewards))
+            valid = info["reply"].valid
+            self.stats.add(
+                env_steps=1,
+                invalid_replies=int(not valid),
+                refused_commands=int(valid and not info["admissible"]),
+                repeated_observations=int(info["repeated_observation"]),
+                rewards_posted=len(rewards),
+            )
             calls.append(
                 {
                     "id": reply.id,
                     "policy_version": version,
                     "reply": text,
                     "reward": sum(v for v, _ in rewards),
+                    "rewards": {source: v for v, source in rewards},
                 }
             )
         session.end(
@@ -319,6 +336,21 @@ class Agent:
             "truncated_by": truncated,
             "calls": calls,
         }
+
+
+def posted_rewards(info: dict[str, Any], repeat_penalty: float) -> list[tuple[float, str]]:
+    """The (value, source) rewards a turn earns, from `PromptedEnv.step`'s info: its env reward
+    ("env"), its malformed-reply or refused-command penalty ("format") and, with
+    `repeat_penalty`, the novelty penalty on an answer already seen ("novelty") -- the
+    rollout engine's `Turn.env_reward`, `format_reward` and `novelty_reward`. Zeros are left
+    out (nothing to post)."""
+    novelty = repeat_penalty if info["repeated_observation"] else 0.0
+    rewards = [
+        (float(info["env_reward"]), "env"),
+        (float(info["format_reward"]), "format"),
+        (float(novelty), "novelty"),
+    ]
+    return [(value, source) for value, source in rewards if value != 0.0]
 
 
 def _retry_after(error: openai.APIStatusError, default_s: float = 1.0) -> float:

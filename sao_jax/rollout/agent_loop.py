@@ -44,6 +44,7 @@ from sao_jax.envs.base import (
     TextEnv,
     check_info,
     check_prompt_style,
+    repeats_observation,
     turn_rewards,
 )
 from sao_jax.envs.registry import EnvConfig
@@ -689,13 +690,6 @@ class AgentLoop:
             started_at=slot.started_at,
             group_key=rollout_group_id(self.run_id, self.worker_id, slot.group_id),
         )
-
-
-def repeats_observation(observation: str, current: str, history: Sequence[tuple[str, str]]) -> bool:
-    """Whether an env's answer repeats what the episode already saw: the observation the
-    command was given (`current`) or one before it (`history`: (observation, command) pairs,
-    the opening text first)."""
-    return observation == current or any(observation == seen for seen, _ in history)
 
 
 def _reply_penalty(config: RolloutConfig, valid: bool, admissible: bool) -> float:

@@ -53,6 +53,7 @@ class _PromptedTask:
         options = PromptOptions(
             history_length=int(task.get("history_length", defaults.history_length)),
             think=bool(task.get("think", False)),
+            memory_line=bool(task.get("memory_line", False)),
             style=str(task.get("prompt_style", defaults.style)),
         )
         self.prompted = PromptedEnv(env_from_task_spec(task), options)

@@ -22,7 +22,7 @@ from sao_jax.envs import (
     register_env,
 )
 from sao_jax.envs.alfworld import AlfworldEnv, GameSampler
-from sao_jax.envs.base import STEP_INFO_KEYS, check_info, tagged_reply
+from sao_jax.envs.base import STEP_INFO_KEYS, check_info, repeats_observation, tagged_reply
 from sao_jax.rollout.prompts import PromptBuilder, template_fingerprint
 from sao_jax.tokenizers import WordTokenizer
 
@@ -312,3 +312,13 @@ def test_prompt_builder_uses_the_env_harness_and_refuses_what_it_cannot_render()
     with pytest.raises(ValueError, match="'echo' prompts have no memory line"):
         PromptBuilder(tokenizer, "windowed", history_length=1, think=False, memory_line=True,
                       harness=EchoEnv.harness)  # fmt: skip
+
+
+def test_an_answer_repeats_when_the_episode_saw_it_before():
+    history = [("You are in the middle of a room.", "go to desk 1"), ("On the desk 1...", "look")]
+    assert repeats_observation("On the desk 1...", "You see a lamp.", history)
+    assert repeats_observation("You are in the middle of a room.", "x", history)
+    assert repeats_observation("You see a lamp.", "You see a lamp.", history)  # the one just given
+    assert not repeats_observation("You see a mug.", "You see a lamp.", history)
+    assert not repeats_observation("On the desk 1", "x", history)  # whole texts, not prefixes
+    assert not repeats_observation("anything", "other", [])

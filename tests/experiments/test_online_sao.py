@@ -2,6 +2,7 @@
 subprocess speaking the `openai` client, the SAO learner on the proxy's buffer, weights back to
 the worker. Then: what the proxy recorded is what the agent saw and what the learner trains on."""
 
+import collections
 import json
 import os
 import signal
@@ -13,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atdp_io import AtdpStore, EventKind
+from atdp_io import AtdpStore, EventKind, LateReward
 from atdp_io.rows import pack_batch, trajectory_rows
 from experiments import online_sao
 from sao_jax.checkpoint import Checkpointer
 from sao_jax.envs.alfworld import AlfworldEnv
-from sao_jax.envs.alfworld.harness import AlfworldHarness, HarnessConfig
+from sao_jax.envs.base import PromptOptions
+from sao_jax.envs.prompted import PromptedEnv
 from sao_jax.metrics import read_metrics
 from sao_jax.pipeline.setup import WARM_START_DIR, build_model, build_tokenizer
 from sao_jax.train import Learner
@@ -79,16 +81,29 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
     closed = [t for t in map(reader.read, reader.trajectory_ids()) if t.outcome is not None]
     assert {t.trajectory_id for t in closed} == set(agent_episodes)
     version_zero_rows = []
+    sources = collections.Counter()
     for trajectory in closed:
         episode = agent_episodes[trajectory.trajectory_id]
         assert trajectory.outcome.success == episode["won"]
         prompts = [
             e.observation["content"] for e in trajectory.events if e.kind == EventKind.MESSAGE
         ]
-        calls = [e.llm for _, e in trajectory.llm_events()]
+        llm_events = trajectory.llm_events()
+        calls = [e.llm for _, e in llm_events]
+        late = collections.defaultdict(dict)  # rewards posted per completion (late-bound)
+        for note in trajectory.annotations:
+            if isinstance(note, LateReward):
+                late[note.event_index][note.reward.source] = note.reward.value
         assert len(calls) == len(prompts) == len(episode["calls"])
         # the prompts reached the record unchanged (no redaction hit the game's text)
-        assert prompts == _harness_prompts(config, episode)
+        replayed_prompts, replayed_rewards = _harness_replay(config, episode)
+        assert prompts == replayed_prompts
+        # each call carries, by source, the rewards the rollout engine gives the same turn
+        # under the run's reward settings (refused commands included)
+        for (index, _), expected in zip(llm_events, replayed_rewards, strict=True):
+            assert late.pop(index, {}) == pytest.approx(expected)
+            sources.update(expected.items())
+        assert not late  # nothing posted on anything but a completion
         rows, _ = trajectory_rows(trajectory, "windowed")
         for prompt, call, sent, row in zip(prompts, calls, episode["calls"], rows, strict=True):
             # the exact tokens the cloned policy was trained on: the harness prompt as one
@@ -113,6 +128,9 @@ def test_recorded_calls_become_the_learner_rows_the_agent_saw(online_run, agent_
             assert row.rewards[-1] == pytest.approx(sent["reward"]) and not row.rewards[:-1].any()
             if not reply_versions.any():
                 version_zero_rows.append(row)
+    # the uncloned policy writes malformed replies (refused commands and repeats, which need
+    # a well-formed reply, are checked on a real game in tests/pipeline/test_online_agent.py)
+    assert sources["format", config.rollout.invalid_reply_penalty] > 0, sources
     # recorded log-probs are the served policy's own (temperature 1): recompute them
     policy = build_model(config.experiment(), tokenizer)
     with Checkpointer(out / WARM_START_DIR, create=False) as saved:
@@ -161,25 +179,29 @@ def test_ctrl_c_stops_the_agent_and_the_server_and_leaves_nothing_running(tmp_pa
     assert json.loads((out / "agent" / "stats.json").read_text())["errors"] == 0
 
 
-def _harness_prompts(config, episode) -> list[str]:
-    """The prompts the agent sent in `episode`, replayed on a fresh game with its replies."""
+def _harness_replay(config, episode) -> tuple[list[str], list[dict[str, float]]]:
+    """The prompts the agent sent in `episode` and the rewards the rollout engine gives each
+    turn ({source: value}, zeros left out), replayed on a fresh game with its replies."""
     env = AlfworldEnv(
         config.env.split, size=config.env.size, phrasing=config.env.phrasing,
         max_steps=config.env.max_steps,
     )  # fmt: skip
     rollout = config.rollout
-    harness = AlfworldHarness(  # the run's prompt settings, which the agent was given
-        env,
-        HarnessConfig(
-            history_length=rollout.history_length, think=False, prompt_style=rollout.prompt_style
-        ),
-    )
+    options = PromptOptions(  # the run's prompt settings, which the agent was given
+        history_length=rollout.history_length, think=False, memory_line=rollout.memory_line,
+        style=rollout.prompt_style,
+    )  # fmt: skip
+    harness = PromptedEnv(env, options, rollout.reward_weights)
     prompt, _ = harness.reset(episode["game"])
-    prompts = [prompt]
-    for call in episode["calls"][:-1]:
-        prompt, *_ = harness.step(call["reply"])
+    prompts, rewards = [prompt], []
+    for call in episode["calls"]:
+        prompt, _, _, info = harness.step(call["reply"])
         prompts.append(prompt)
-    return prompts
+        turn = {"env": info["env_reward"], "format": info["format_reward"]}
+        if info["repeated_observation"]:
+            turn["novelty"] = rollout.repeat_penalty
+        rewards.append({source: value for source, value in turn.items() if value != 0.0})
+    return prompts[:-1], rewards
 
 
 def test_bad_config_exits_with_a_message_naming_the_problem(tmp_path, capsys):

@@ -17,21 +17,10 @@ from rollout_testlib import tokenizer as make_tokenizer
 from atdp_io import EventKind
 from atdp_io.mask_replay import MaskReplay
 from sao_jax.rollout import AgentLoop
-from sao_jax.rollout.agent_loop import repeats_observation
 from sao_jax.rollout.stats import RolloutStats
 
 TENANT = "novelty"
 PENALTY = -0.5
-
-
-def test_an_answer_repeats_when_the_episode_saw_it_before():
-    history = [("You are in the middle of a room.", "go to desk 1"), ("On the desk 1...", "look")]
-    assert repeats_observation("On the desk 1...", "You see a lamp.", history)
-    assert repeats_observation("You are in the middle of a room.", "x", history)
-    assert repeats_observation("You see a lamp.", "You see a lamp.", history)  # the one just given
-    assert not repeats_observation("You see a mug.", "You see a lamp.", history)
-    assert not repeats_observation("On the desk 1", "x", history)  # whole texts, not prefixes
-    assert not repeats_observation("anything", "other", [])
 
 
 def play(repeat_penalty):
