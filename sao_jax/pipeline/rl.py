@@ -14,6 +14,7 @@ from sao_jax.metrics import MetricsWriter, ProgressBar
 from sao_jax.pipeline.checkpoints import checkpoint
 from sao_jax.pipeline.evaluation import PeriodicEval
 from sao_jax.pipeline.setup import ROLLOUTS, WARMUP, Run
+from sao_jax.rollout.stats import interval_rates
 from sao_jax.train import Learner
 from sao_jax.train.loop import OnlineTrainer
 
@@ -118,9 +119,10 @@ def reinforcement_learning(
         disable=None if config.progress else True,  # None: process 0 only
     )
     last_checkpoint = learner.policy_version
+    previous_stats = None  # the stats at the iteration before, for the recent rates
 
     def on_iteration(metrics: dict) -> bool:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, previous_stats
         run.step += 1
         # what the loader passed over (too long, stale, ...): counted with the engine's
         # stats in one exchange on several processes
@@ -144,6 +146,11 @@ def reinforcement_learning(
                 "rollout/temperature": engine.temperature,
             }
         )
+        # the cumulative rates above move less and less; these are the episodes finished
+        # since the previous iteration (absent when none finished)
+        recent = interval_rates(previous_stats, stats)
+        metrics.update({f"rollout/recent/{k}": v for k, v in recent.items()})
+        previous_stats = stats
         metrics.update({k: v for k, v in stats.items() if k.startswith("loader/")})
         log.write(run.step, metrics)
         done = run.rollout_stats["env_steps"] if by_env_steps else learner.policy_version

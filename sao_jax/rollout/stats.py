@@ -93,6 +93,36 @@ def combine_snapshots(snapshots: Sequence[Mapping]) -> dict:
     return _finish(dict(counts), by_type)
 
 
+# rate name -> (numerator counter, denominator counter) of `RolloutStats.snapshot()`
+INTERVAL_RATES = {
+    "success_rate": ("won", "episodes"),
+    "avg_steps": ("env_steps", "episodes"),
+    "invalid_reply_rate": ("invalid_replies", "env_steps"),
+    "inadmissible_rate": ("inadmissible_commands", "env_steps"),
+    "repeat_rate": ("repeated_observations", "env_steps"),
+}
+
+
+def interval_rates(earlier: Mapping | None, later: Mapping) -> dict[str, float]:
+    """The snapshot rates over what happened between two snapshots of the same counters
+    (`earlier` None: since they started): the `success_rate` of the episodes finished in
+    between, their `avg_steps`, and the per-step rates of the steps counted in between. A rate
+    whose denominator did not move is left out (nothing to measure), never 0.
+
+    The snapshot's own rates are cumulative; these show what the latest episodes do."""
+    earlier = earlier or {}
+    rates = {}
+    for name, (numerator, denominator) in INTERVAL_RATES.items():
+        total = later.get(denominator, 0) - earlier.get(denominator, 0)
+        if total < 0:
+            raise ValueError(
+                f"{denominator} went down ({earlier[denominator]} -> {later[denominator]})"
+            )
+        if total:
+            rates[name] = (later.get(numerator, 0) - earlier.get(numerator, 0)) / total
+    return rates
+
+
 def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
     """Counters with every standard key, the rates and `by_task_type` filled in."""
     episodes, steps = counts.get("episodes", 0), counts.get("env_steps", 0)

@@ -211,6 +211,16 @@ def test_repeat_penalty_from_the_command_line(finished_run, tmp_path):
     assert steps and repeated
     rates = [r["rollout/repeat_rate"] for r in read_metrics(run) if "rollout/repeat_rate" in r]
     assert rates and 0 < rates[-1] <= 1
+    # each iteration's recent rate covers the steps played since the one before: weighted by
+    # those steps, they add up to the cumulative rate of the whole phase
+    records = [r for r in read_metrics(run) if "rollout/env_steps" in r]
+    counted = [0] + [r["rollout/env_steps"] for r in records]
+    weighted = sum(
+        r.get("rollout/recent/repeat_rate", 0.0) * (now - before)
+        for r, before, now in zip(records, counted, counted[1:], strict=False)
+    )
+    assert any("rollout/recent/repeat_rate" in r for r in records)
+    assert weighted == pytest.approx(records[-1]["rollout/repeat_rate"] * counted[-1])
 
 
 def test_inspect_checkpoints_refuses_a_directory_that_holds_no_run(tmp_path):
