@@ -93,7 +93,9 @@ class Evolution:
         )
         trainer = {"book": self.book, "learner": exp.learner, "rows": exp.rl.rows,
                    "seq_len": exp.rl.seq_len, "steps": self.spec.policy_steps,
-                   "learning_rate": self.spec.policy_learning_rate}  # fmt: skip
+                   "learning_rate": self.spec.policy_learning_rate,
+                   "fit_baseline": self.spec.policy_fit_baseline,
+                   "critic_warmup_steps": self.spec.policy_critic_warmup}  # fmt: skip
         self.train_fn = window_trainer(**trainer, name="sao_window")
         self.corrupt_fn = window_trainer(**trainer, name="sao_flipped", reward_sign=-1.0)
         self.scorer = model_scorer(tokenizer, self.book.model_for) if self.spec.rescore else None

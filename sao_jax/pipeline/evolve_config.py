@@ -36,6 +36,9 @@ class EvolveSpec:
       policy_rows: rows of its batch (the window's episodes that fit, one row per call).
       policy_learning_rate: their learning rate (10x RL's: a window is a few steps; at 3e-4 x 4
         steps a sign-flipped update moved known-good log-probs by 0.001 nats and won more).
+      policy_fit_baseline: fit the candidate's fresh value head to the window's returns first
+        (`WindowTrainer.fit_baseline`; without it the advantages are the returns).
+      policy_critic_warmup: critic-only iterations on the window before its policy steps.
       plant_round: round whose gate also sees the planted harmful candidates (a reply-format
         breaking harness edit, a policy update on sign-flipped rewards); 0: none planted.
       regression_round: round at whose start a harmful composite (the planted corrupted
@@ -57,6 +60,8 @@ class EvolveSpec:
     policy_steps: int = 8
     policy_rows: int = 256
     policy_learning_rate: float = 1e-3
+    policy_fit_baseline: bool = True
+    policy_critic_warmup: int = 0
     plant_round: int = 1
     regression_round: int = 2
     watch_min_sessions: int = 8
@@ -69,6 +74,10 @@ class EvolveSpec:
                      "policy_steps", "policy_rows", "watch_min_sessions"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"evolve.{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy_critic_warmup < 0:
+            raise ValueError(
+                f"evolve.policy_critic_warmup must be >= 0, got {self.policy_critic_warmup}"
+            )
         if not 0.5 <= self.gate_confidence < 1:
             raise ValueError(
                 f"evolve.gate_confidence must be in [0.5, 1), got {self.gate_confidence}"

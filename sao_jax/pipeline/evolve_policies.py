@@ -159,7 +159,13 @@ class WindowTrainer:
     """`train_fn` of policy candidates: `steps` learner iterations on the window's rows
     (`rows` x `seq_len`, longer rows and episodes past the batch left out), starting from the
     current policy with fresh optimiser and critic; `reward_sign` -1 flips every reward (the
-    planted corruption). Each call registers the result in `book` as `<name>-<n>`."""
+    planted corruption). Each call registers the result in `book` as `<name>-<n>`.
+
+    With `fit_baseline` (algorithms with a critic) the fresh critic's value head is first
+    fitted to the window's own returns (`Learner.fit_value_head`, as the RL phase fits it on
+    its warm-up rollouts): a zero value head would weight every action by its return instead of
+    its advantage, so a window of refused-command loops (-1 a step) pushes down every token of
+    those games at once; `metrics` keeps the fit's and the last iteration's figures."""
 
     book: PolicyBook
     learner: LearnerConfig
@@ -168,7 +174,9 @@ class WindowTrainer:
     steps: int
     name: str = "sao_window"
     reward_sign: float = 1.0
+    fit_baseline: bool = True
     trained: int = 0
+    metrics: dict = dataclasses.field(default_factory=dict)
 
     @property
     def __name__(self) -> str:  # the candidate's provenance names its train_fn
@@ -200,8 +208,12 @@ class WindowTrainer:
     def __call__(self, trajectories: Sequence[Trajectory], policy: PolicyRef) -> PolicyRef:
         batch = self.batch(trajectories)
         learner = Learner(self.learner, copied(self.book.model_for(policy)))
-        for _ in range(self.steps):
-            learner.iteration(batch)
+        metrics = {}
+        if self.fit_baseline and learner.algorithm.uses_critic:
+            metrics.update(learner.fit_value_head([batch]))
+        for _ in range(self.learner.critic.warmup_steps + self.steps):  # critic-only first
+            metrics.update(learner.iteration(batch))
+        self.metrics = metrics
         self.trained += 1
         sources = {t.header.governance.tenant for t in trajectories}
         label = f"{self.name}-{self.trained}"
@@ -218,11 +230,15 @@ def window_trainer(
     learning_rate: float,
     name: str = "sao_window",
     reward_sign: float = 1.0,
+    fit_baseline: bool = True,
+    critic_warmup_steps: int = 0,
 ) -> TrainFn:
-    """A `WindowTrainer` whose learner has no critic warm-up and the given learning rate."""
+    """A `WindowTrainer` with the given learning rate, its value head fitted to the window's
+    returns (`fit_baseline`) and `critic_warmup_steps` critic-only iterations before the
+    `steps` policy iterations."""
     config = dataclasses.replace(
         learner,
         policy_optimizer=dataclasses.replace(learner.policy_optimizer, learning_rate=learning_rate),
-        critic=dataclasses.replace(learner.critic, warmup_steps=0),
+        critic=dataclasses.replace(learner.critic, warmup_steps=critic_warmup_steps),
     )
-    return WindowTrainer(book, config, rows, seq_len, steps, name, reward_sign)
+    return WindowTrainer(book, config, rows, seq_len, steps, name, reward_sign, fit_baseline)

@@ -153,9 +153,11 @@ def test_a_from_run_url_is_left_to_the_restore(tmp_path):
     assert config.warm_start.from_run == "gs://bucket/runs/clone"
 
 
-def test_a_single_tenant_is_refused():
+def test_a_single_tenant_and_a_negative_warm_up_are_refused():
     with pytest.raises(ValueError, match="two or more tenants"):
         dataclasses.replace(evolve_alfworld.micro().evolve, tenants=("acme",))
+    with pytest.raises(ValueError, match="policy_critic_warmup must be >= 0"):
+        dataclasses.replace(evolve_alfworld.micro().evolve, policy_critic_warmup=-1)
 
 
 @pytest.mark.slow

@@ -372,3 +372,12 @@ def _reply_choices_served_and_replayed(thread, parts, buffer):
     assert np.all(batch["sample_temperature"] == 1.0)  # greedy calls train as plain samples
     trained = trainer([trajectory], PolicyRef())
     assert trained.version == "sao_window-1" and book.model_for(trained) is not served
+    # its fresh value head was fitted to the window's returns first (least squares with a
+    # bias: the fitted values average to the returns' mean), then the policy stepped
+    fit = trainer.metrics
+    assert fit["critic_fit/tokens"] > 0 and "policy/loss" in fit
+    assert fit["critic_fit/value_mean"] == pytest.approx(fit["critic_fit/return_mean"], abs=1e-4)
+    unfitted = window_trainer(book, LearnerConfig(), rows=8, seq_len=512, steps=1,
+                              learning_rate=1e-4, name="unfitted", fit_baseline=False)  # fmt: skip
+    unfitted([trajectory], PolicyRef())
+    assert not any(k.startswith("critic_fit/") for k in unfitted.metrics)
