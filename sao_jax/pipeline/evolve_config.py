@@ -37,7 +37,10 @@ class EvolveSpec:
       policy_learning_rate: their learning rate (10x RL's: a window is a few steps; at 3e-4 x 4
         steps a sign-flipped update moved known-good log-probs by 0.001 nats and won more).
       policy_fit_baseline: fit the candidate's fresh value head to the window's returns first
-        (`WindowTrainer.fit_baseline`; without it the advantages are the returns).
+        (`WindowTrainer.fit_baseline`; without it the advantages are the returns). Off by
+        default: measured on 3 seeds at the default rate, every fitted candidate replayed
+        worse (-0.38 to -0.62) where 11 of 21 unfitted ones were inconclusive
+        (experiments/README.md, 2026-12-07).
       policy_critic_warmup: critic-only iterations on the window before its policy steps.
       plant_round: round whose gate also sees the planted harmful candidates (a reply-format
         breaking harness edit, a policy update on sign-flipped rewards); 0: none planted.
@@ -60,7 +63,7 @@ class EvolveSpec:
     policy_steps: int = 8
     policy_rows: int = 256
     policy_learning_rate: float = 1e-3
-    policy_fit_baseline: bool = True
+    policy_fit_baseline: bool = False
     policy_critic_warmup: int = 0
     plant_round: int = 1
     regression_round: int = 2

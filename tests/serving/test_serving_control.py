@@ -366,18 +366,18 @@ def _reply_choices_served_and_replayed(thread, parts, buffer):
     # a policy candidate trains on such calls with their masks rebuilt (the masked ratio)
     trajectory = read_trajectories(buffer, "initech")[session_id]
     trainer = window_trainer(book, LearnerConfig(), rows=8, seq_len=512, steps=1,
-                             learning_rate=1e-4)  # fmt: skip
+                             learning_rate=1e-4, fit_baseline=True)  # fmt: skip
     batch = trainer.batch([trajectory])
     assert {"mask_index", "mask_table"} <= set(batch)
     assert np.all(batch["sample_temperature"] == 1.0)  # greedy calls train as plain samples
     trained = trainer([trajectory], PolicyRef())
     assert trained.version == "sao_window-1" and book.model_for(trained) is not served
-    # its fresh value head was fitted to the window's returns first (least squares with a
+    # asked to, its fresh value head was fitted to the window's returns first (least squares with a
     # bias: the fitted values average to the returns' mean), then the policy stepped
     fit = trainer.metrics
     assert fit["critic_fit/tokens"] > 0 and "policy/loss" in fit
     assert fit["critic_fit/value_mean"] == pytest.approx(fit["critic_fit/return_mean"], abs=1e-4)
     unfitted = window_trainer(book, LearnerConfig(), rows=8, seq_len=512, steps=1,
-                              learning_rate=1e-4, name="unfitted", fit_baseline=False)  # fmt: skip
+                              learning_rate=1e-4, name="unfitted")  # fmt: skip
     unfitted([trajectory], PolicyRef())
     assert not any(k.startswith("critic_fit/") for k in unfitted.metrics)
