@@ -121,7 +121,8 @@ class AgentStats:
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(
             ("requests", "episodes", "won", "env_steps", "invalid_replies", "refused_commands",
-             "repeated_observations", "rewards_posted", "errors", "abandoned", "truncated_context", "completion_tokens", "rate_limited"), 0,
+             "repeated_observations", "rewards_posted", "errors", "abandoned",
+             "truncated_context", "completion_tokens", "rate_limited"), 0,
         )  # fmt: skip
         self.max_policy_version = -1
         self.last_error = ""
@@ -263,8 +264,8 @@ class Agent:
             "env": config.env, "split": config.split, "index": game, **env.task_spec(),
             "max_steps": config.max_steps, "layout": "windowed",
             "history_length": config.history_length, "think": config.think,
-            "memory_line": config.memory_line, "prompt_style": config.prompt_style, "task_type": info["task_type"],
-            "game_id": info["task_id"], "source": "online_agent",
+            "memory_line": config.memory_line, "prompt_style": config.prompt_style,
+            "task_type": info["task_type"], "game_id": info["task_id"], "source": "online_agent",
         }  # fmt: skip
         session = self.gateway.start_session(
             config.tenant, task_id=f"{config.env}-{config.split}-g{game}", task=task

@@ -1,4 +1,5 @@
-"""The online job's agent process and `AgentFleet`: bad input, and a dead agent fails the learner."""
+"""The online job's agent process and `AgentFleet`: bad input, the rewards a served turn posts,
+and a dead agent fails the learner."""
 
 import json
 import os
