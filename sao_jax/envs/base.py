@@ -230,9 +230,31 @@ def turn_rewards(
 def repeats_observation(observation: str, current: str, history: Sequence[tuple[str, str]]) -> bool:
     """Whether an env's answer repeats what the episode already saw: the observation the
     command was given (`current`) or one before it (`history`: (observation, command) pairs,
-    the opening text first). What `RolloutConfig.repeat_penalty` (source "novelty") falls on,
-    for a well-formed, admitted command."""
+    the opening text first)."""
     return observation == current or any(observation == seen for seen, _ in history)
+
+
+def repeated_turn(
+    observation: str,
+    current: str,
+    history: Sequence[tuple[str, str]],
+    *,
+    valid_reply: bool,
+    admissible: bool,
+) -> bool:
+    """A turn `RolloutConfig.repeat_penalty` (source "novelty") falls on: a well-formed,
+    admitted command whose answer `repeats_observation` (a refused or malformed one is the
+    format penalty's business). One rule for the rollout engine and `PromptedEnv`."""
+    return valid_reply and admissible and repeats_observation(observation, current, history)
+
+
+def reward_sources(
+    env_reward: float, format_reward: float, novelty_reward: float
+) -> list[tuple[float, str]]:
+    """A turn's non-zero rewards as (value, source) under the sources its ATDP step records
+    and a served agent posts: "env", "format", "novelty"."""
+    rewards = [(env_reward, "env"), (format_reward, "format"), (novelty_reward, "novelty")]
+    return [(float(value), source) for value, source in rewards if value]
 
 
 # -- tasks ----------------------------------------------------------------------------------------

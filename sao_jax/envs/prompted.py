@@ -12,7 +12,7 @@ from sao_jax.envs.base import (
     PromptOptions,
     RewardWeights,
     TextEnv,
-    repeats_observation,
+    repeated_turn,
 )
 
 
@@ -25,7 +25,7 @@ class PromptedEnv:
     (observation, action) pair so far); after a step also the reward's two parts,
     `env_reward` and `format_reward` (the malformed-reply or refused-command penalty), and
     `repeated_observation` (a well-formed, admitted command whose answer the episode had
-    already seen: `repeats_observation`, what the rollout's novelty penalty falls on).
+    already seen: `repeated_turn`, what the rollout's novelty penalty falls on).
     options: how prompts are written (h, think, memory line, style; `PromptOptions`).
     """
 
@@ -65,16 +65,16 @@ class PromptedEnv:
         parsed = self.harness.parse_reply(reply, think=self.options.think)
         command = parsed.action if parsed.valid else ""
         self.invalid_replies += not parsed.valid
-        given, earlier = self._observation, list(self.history)
-        self.history.append((given, command))
+        given = self._observation
         self._observation, won_reward, done, self._info = self.env.step(command)
         admissible = bool(self._info["admissible"])
         env_reward, format_reward = self.env.rewards(
             won_reward, valid_reply=parsed.valid, admissible=admissible, weights=self.weights
         )
-        repeated = (
-            parsed.valid and admissible and repeats_observation(self._observation, given, earlier)
+        repeated = repeated_turn(
+            self._observation, given, self.history, valid_reply=parsed.valid, admissible=admissible
         )
+        self.history.append((given, command))
         info = self._with_harness_info(self._info, parsed)
         info.update(
             env_reward=env_reward, format_reward=format_reward, repeated_observation=repeated

@@ -38,6 +38,7 @@ import openai
 
 from sao_jax.config_cli import parse_cli
 from sao_jax.envs import EnvConfig, PromptOptions, RewardWeights, TaskSampler
+from sao_jax.envs.base import reward_sources
 from sao_jax.envs.prompted import PromptedEnv
 from serving.gateway.client import GatewayClient
 
@@ -346,12 +347,7 @@ def posted_rewards(info: dict[str, Any], repeat_penalty: float) -> list[tuple[fl
     rollout engine's `Turn.env_reward`, `format_reward` and `novelty_reward`. Zeros are left
     out (nothing to post)."""
     novelty = repeat_penalty if info["repeated_observation"] else 0.0
-    rewards = [
-        (float(info["env_reward"]), "env"),
-        (float(info["format_reward"]), "format"),
-        (float(novelty), "novelty"),
-    ]
-    return [(value, source) for value, source in rewards if value != 0.0]
+    return reward_sources(info["env_reward"], info["format_reward"], novelty)
 
 
 def _retry_after(error: openai.APIStatusError, default_s: float = 1.0) -> float:

@@ -44,7 +44,7 @@ from sao_jax.envs.base import (
     TextEnv,
     check_info,
     check_prompt_style,
-    repeats_observation,
+    repeated_turn,
     turn_rewards,
 )
 from sao_jax.envs.registry import EnvConfig
@@ -610,10 +610,12 @@ class AgentLoop:
             admissible=admissible,
             weights=config.reward_weights,
         )
-        repeated = (
-            parsed.valid
-            and admissible
-            and repeats_observation(observation, slot.observation, slot.history)
+        repeated = repeated_turn(
+            observation,
+            slot.observation,
+            slot.history,
+            valid_reply=parsed.valid,
+            admissible=admissible,
         )
         slot.turns.append(
             Turn(

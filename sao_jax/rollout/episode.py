@@ -32,6 +32,7 @@ from atdp_io import (
     Trajectory,
     TrajectoryHeader,
 )
+from sao_jax.envs.base import reward_sources
 
 SOURCES = ("rollout", "expert_demo")
 
@@ -243,13 +244,8 @@ class Episode:
 
     @staticmethod
     def _env_event(turn: Turn) -> Event:
-        rewards = []
-        if turn.env_reward:
-            rewards.append(Reward(turn.env_reward, "env"))
-        if turn.format_reward:
-            rewards.append(Reward(turn.format_reward, "format"))
-        if turn.novelty_reward:
-            rewards.append(Reward(turn.novelty_reward, "novelty"))
+        parts = reward_sources(turn.env_reward, turn.format_reward, turn.novelty_reward)
+        rewards = [Reward(value, source) for value, source in parts]
         return Event(
             kind=EventKind.ENV_STEP,
             replay=ReplayClass.DETERMINISTIC,  # our engine is a pure function of game + commands

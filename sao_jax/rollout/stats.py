@@ -60,14 +60,16 @@ class RolloutStats:
         return _finish(counts, by_type)
 
 
-_RATES = (
-    "success_rate",
-    "avg_steps",
-    "avg_reward",
-    "invalid_reply_rate",
-    "inadmissible_rate",
-    "repeat_rate",
-)
+# rate name -> (numerator counter, denominator counter) of `RolloutStats.snapshot()`: the
+# snapshot's rates over every counted episode / step, `interval_rates` over those in between
+COUNTER_RATES = {
+    "success_rate": ("won", "episodes"),
+    "avg_steps": ("env_steps", "episodes"),
+    "invalid_reply_rate": ("invalid_replies", "env_steps"),
+    "inadmissible_rate": ("inadmissible_commands", "env_steps"),
+    "repeat_rate": ("repeated_observations", "env_steps"),
+}
+_RATES = (*COUNTER_RATES, "avg_reward")
 _LEVELS = ("policy_version",)  # the same clock on every engine: combined by max, not summed
 
 
@@ -93,16 +95,6 @@ def combine_snapshots(snapshots: Sequence[Mapping]) -> dict:
     return _finish(dict(counts), by_type)
 
 
-# rate name -> (numerator counter, denominator counter) of `RolloutStats.snapshot()`
-INTERVAL_RATES = {
-    "success_rate": ("won", "episodes"),
-    "avg_steps": ("env_steps", "episodes"),
-    "invalid_reply_rate": ("invalid_replies", "env_steps"),
-    "inadmissible_rate": ("inadmissible_commands", "env_steps"),
-    "repeat_rate": ("repeated_observations", "env_steps"),
-}
-
-
 def interval_rates(earlier: Mapping | None, later: Mapping) -> dict[str, float]:
     """The snapshot rates over what happened between two snapshots of the same counters
     (`earlier` None: since they started): the `success_rate` of the episodes finished in
@@ -112,7 +104,7 @@ def interval_rates(earlier: Mapping | None, later: Mapping) -> dict[str, float]:
     The snapshot's own rates are cumulative; these show what the latest episodes do."""
     earlier = earlier or {}
     rates = {}
-    for name, (numerator, denominator) in INTERVAL_RATES.items():
+    for name, (numerator, denominator) in COUNTER_RATES.items():
         total = later.get(denominator, 0) - earlier.get(denominator, 0)
         if total < 0:
             raise ValueError(
@@ -125,7 +117,6 @@ def interval_rates(earlier: Mapping | None, later: Mapping) -> dict[str, float]:
 
 def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
     """Counters with every standard key, the rates and `by_task_type` filled in."""
-    episodes, steps = counts.get("episodes", 0), counts.get("env_steps", 0)
     for key in (
         "episodes",
         "won",
@@ -143,12 +134,11 @@ def _finish(counts: dict, by_type: Mapping[str, Sequence[int]]) -> dict:
     ):
         counts.setdefault(key, 0)
     counts.setdefault("rollout_seconds", 0.0)
-    counts["success_rate"] = counts["won"] / episodes if episodes else 0.0
-    counts["avg_steps"] = steps / episodes if episodes else 0.0
+    for name, (numerator, denominator) in COUNTER_RATES.items():
+        total = counts[denominator]
+        counts[name] = counts[numerator] / total if total else 0.0
+    episodes = counts["episodes"]
     counts["avg_reward"] = counts.pop("reward_sum", 0.0) / episodes if episodes else 0.0
-    counts["invalid_reply_rate"] = counts["invalid_replies"] / steps if steps else 0.0
-    counts["inadmissible_rate"] = counts["inadmissible_commands"] / steps if steps else 0.0
-    counts["repeat_rate"] = counts["repeated_observations"] / steps if steps else 0.0
     counts["by_task_type"] = {
         t: {"episodes": n, "won": w, "success_rate": w / n if n else 0.0}
         for t, (n, w) in by_type.items()

@@ -7,7 +7,7 @@ import pytest
 from rollout_testlib import env_config, rollout_config, sampler, tokenizer
 
 from sao_jax.rollout import AgentLoop, RolloutStats
-from sao_jax.rollout.stats import INTERVAL_RATES, interval_rates
+from sao_jax.rollout.stats import COUNTER_RATES, interval_rates
 
 
 def test_recent_rates_are_those_of_the_episodes_played_in_between():
@@ -25,11 +25,11 @@ def test_recent_rates_are_those_of_the_episodes_played_in_between():
     second, alone = running.snapshot(), later_only.snapshot()
 
     recent = interval_rates(first, second)
-    assert recent.keys() == INTERVAL_RATES.keys()
+    assert recent.keys() == COUNTER_RATES.keys()
     for name, value in recent.items():
         assert value == pytest.approx(alone[name]), name
     # since the counters started: the snapshot's own (cumulative) rates
-    assert interval_rates(None, second) == pytest.approx({k: second[k] for k in INTERVAL_RATES})
+    assert interval_rates(None, second) == pytest.approx({k: second[k] for k in COUNTER_RATES})
     assert first["episodes"] > 0 and second["episodes"] > first["episodes"]
 
 
